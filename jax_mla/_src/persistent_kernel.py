@@ -1,0 +1,205 @@
+"""The persistent one-launch decode path (AMD's nm_ps kernel), with its workspace as an operand.
+
+decode_persistent (checks every argument) -> primitive `jax_mla_persistent_decode` (static
+attributes) -> abstract eval -> lowering: "rocm" and "cpu" both call the FFI target
+`jax_mla_persistent_decode_v1`, registered per platform (ROCM: plan + HIP launch of the code
+object; cpu: plan + the host executor, which runs the same kernarg bytes on the CPU).
+
+FFI contract (operands, then results):
+  q u8 [N,128,512], q_rope bf16 [N,128,64], kv u8 [R,512], kv_rope bf16 [R,64],
+  kv_indptr i32 [N+1], kv_indices i32 [L], sink f32 [128],
+  o_acc f32 [2P,128,512], lse_acc f32 [2P,128], desc i32 [P,8], cnt u32 [143360], arange i32 [M+1]
+  -> out bf16 [N,128,512], lse f32 [N,128] (or [0,128] when return_lse=False: nothing allocated,
+     the kernarg's lse pointer is 0), o_acc, lse_acc, desc, cnt, arange (aliased to operands 7..11).
+Attributes: num_partitions i32, return_lse bool; on cpu also fill_unwritten_nan bool.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir, xla
+
+from jax_mla._src import ext
+from jax_mla._src import workspace as ws_lib
+
+TARGET = "jax_mla_persistent_decode_v1"
+BACKENDS = ("gfx950", "host")
+_NUM_INPUTS = 7
+_WORKSPACE_FIELDS = ("o_acc", "lse_acc", "desc", "cnt", "arange")
+# Operand i of the workspace (7..11) aliases result i - 5 (2..6).
+_ALIASES = {_NUM_INPUTS + i: 2 + i for i in range(len(_WORKSPACE_FIELDS))}
+
+persistent_decode_p = Primitive("jax_mla_persistent_decode")
+persistent_decode_p.multiple_results = True
+persistent_decode_p.def_impl(functools.partial(xla.apply_primitive, persistent_decode_p))
+
+
+def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                      return_lse: bool = True, backend: str = "host"):
+  """Sparse fp8 MLA decode for 128 heads, one query token per row, in one kernel launch.
+
+  Args:
+    q: uint8 [N, 128, 512] packed query rows (448 fp8 e4m3fn + 14 e8m0 scale bytes + padding).
+    q_rope: bfloat16 [N, 128, 64].
+    kv: uint8 [R, 512] packed KV rows; kv_rope: bfloat16 [R, 64].
+    kv_indptr: int32 [N + 1]; row r attends to kv rows kv_indices[kv_indptr[r]:kv_indptr[r+1]].
+    kv_indices: int32 [L].
+    sink: float32 [128] per-head sink logits; -inf for none.
+    workspace: a Workspace from make_workspace, with N <= workspace.max_rows. Pass the returned
+      one to the next call; donate it under jit to avoid a copy.
+    return_lse: False puts 0 in the kernel's lse slot, so the kernel writes no lse, and returns
+      None for it (the FFI lse result is then [0, 128], no memory).
+    backend: "gfx950" (ROCm MI355X, AMD's code object) or "host" (the CPU executor of the same
+      kernel arguments).
+
+  Returns:
+    (out bf16 [N, 128, 512], lse f32 [N, 128] natural log including the sink, or None, workspace).
+    Rows with no KV entries give out = 0 and lse = sink.
+  """
+  return decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace,
+                               return_lse=return_lse, backend=backend, fix_empty_rows=True)
+
+
+def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                          return_lse=True, backend="host", fix_empty_rows=True,
+                          fill_unwritten_nan=False):
+  """decode_persistent with its test switches: fix_empty_rows=False returns the kernel's output
+  as is (rows with K = 0 unwritten), fill_unwritten_nan=True (host only) makes those rows NaN."""
+  _check_static(return_lse, backend, fill_unwritten_nan)
+  n = _check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
+  if n == 0:
+    lse = jnp.zeros((0, ws_lib.NUM_HEADS), jnp.float32) if return_lse else None
+    return jnp.zeros((0, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16), lse, workspace
+  results = persistent_decode_p.bind(
+      q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+      *(getattr(workspace, f) for f in _WORKSPACE_FIELDS),
+      backend=backend, return_lse=bool(return_lse), fill_unwritten_nan=bool(fill_unwritten_nan),
+      num_partitions=workspace.num_partitions)
+  out, lse = results[0], results[1]
+  new_ws = ws_lib.Workspace(*results[2:])
+  if fix_empty_rows:
+    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink)
+  return out, (lse if return_lse else None), new_ws
+
+
+def _fix_empty_rows(out, lse, kv_indptr, sink):
+  """The kernel leaves rows with K = 0 unwritten; the API promises out = 0, lse = sink there.
+
+  Zeros are scattered only into the empty rows: every other row gets the out-of-range index N
+  and mode="drop" skips it, so no full pass over out is made. lse is small: a select.
+  """
+  n = out.shape[0]
+  empty = kv_indptr[1:] == kv_indptr[:-1]
+  rows = jnp.where(empty, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+  out = out.at[rows].set(jnp.zeros((), out.dtype), mode="drop")
+  if lse is not None:
+    lse = jnp.where(empty[:, None], sink[None, :], lse)
+  return out, lse
+
+
+# ---------------------------------------------------------------------------- argument checks
+
+def _check_static(return_lse, backend, fill_unwritten_nan):
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS} for the persistent path, got "
+                     f"{backend!r}; the pure-JAX path is backend='reference' of jax_mla.decode")
+  if not isinstance(return_lse, (bool, np.bool_)):
+    raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+  if fill_unwritten_nan and backend != "host":
+    raise ValueError("fill_unwritten_nan is a test aid of the host backend only")
+
+
+def _check_array(x, name, dtype, shape):
+  """shape: tuple with None for any extent."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+  if x.dtype != dtype:
+    raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {np.dtype(x.dtype).name}")
+  want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+  if len(x.shape) != len(shape) or any(s is not None and a != s for a, s in zip(x.shape, shape)):
+    raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+
+
+def _check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace) -> int:
+  ws_lib.check_workspace(workspace)
+  _check_array(q, "q", jnp.uint8, (None, None, None))
+  n, h, width = q.shape
+  if h != ws_lib.NUM_HEADS:
+    raise ValueError(f"q must have 128 query heads (the nm_ps kernel serves H = 128 with one "
+                     f"query token per row), got q.shape[1] = {h}; use jax_mla.decode for others")
+  if width != 512:
+    raise ValueError(f"q rows must be 512 packed bytes, got q.shape[2] = {width}")
+  if n > ws_lib.MAX_ROWS:
+    raise ValueError(f"N = {n} rows exceeds the kernel's limit of {ws_lib.MAX_ROWS} (its byte "
+                     "offsets wrap above it); split the batch")
+  if n > workspace.max_rows:
+    raise ValueError(f"N = {n} rows exceeds workspace.max_rows = {workspace.max_rows}; make the "
+                     f"workspace with make_workspace(..., max_rows={n}) or larger")
+  _check_array(q_rope, "q_rope", jnp.bfloat16, (n, h, 64))
+  _check_array(kv, "kv", jnp.uint8, (None, 512))
+  _check_array(kv_rope, "kv_rope", jnp.bfloat16, (kv.shape[0], 64))
+  _check_array(kv_indptr, "kv_indptr", jnp.int32, (n + 1,))
+  _check_array(kv_indices, "kv_indices", jnp.int32, (None,))
+  _check_array(sink, "sink", jnp.float32, (h,))
+  return n
+
+
+# ---------------------------------------------------------------------------- primitive rules
+
+def _abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, lse_acc, desc,
+                   cnt, arange, *, backend, return_lse, fill_unwritten_nan, num_partitions):
+  del q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, backend, fill_unwritten_nan
+  n = q.shape[0]
+  if desc.shape[0] != num_partitions:
+    raise ValueError(f"num_partitions={num_partitions} does not match the workspace (P="
+                     f"{desc.shape[0]})")
+  out = jax.core.ShapedArray((n, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16)
+  lse = jax.core.ShapedArray((n if return_lse else 0, ws_lib.NUM_HEADS), jnp.float32)
+  workspace = [jax.core.ShapedArray(a.shape, a.dtype) for a in (o_acc, lse_acc, desc, cnt, arange)]
+  return [out, lse, *workspace]
+
+
+persistent_decode_p.def_abstract_eval(_abstract_eval)
+
+
+def _lowering(platform):
+  ffi_rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=_ALIASES)
+
+  def rule(ctx, *operands, backend, return_lse, fill_unwritten_nan, num_partitions):
+    want = "host" if platform == "cpu" else "gfx950"
+    if backend != want:
+      raise NotImplementedError(
+          f"decode_persistent(backend={backend!r}) cannot run on platform {platform!r}: "
+          f"backend {want!r} is the one for {platform!r}")
+    attrs = dict(num_partitions=np.int32(num_partitions), return_lse=bool(return_lse))
+    if platform == "cpu":
+      ext.ensure_registered()
+      attrs["fill_unwritten_nan"] = bool(fill_unwritten_nan)
+    else:
+      if fill_unwritten_nan:
+        raise NotImplementedError("fill_unwritten_nan exists on the host backend only")
+      try:  # a CPU-only machine may export for rocm without the extension built
+        ext.ensure_registered()
+      except ImportError:
+        pass
+    return ffi_rule(ctx, *operands, **attrs)
+
+  return rule
+
+
+def _unsupported_platform(ctx, *operands, **params):
+  platforms = getattr(ctx.module_context, "platforms", ("this platform",))
+  raise NotImplementedError(
+      f"The persistent decode path runs only on ROCm gfx950 (backend='gfx950') or the CPU "
+      f"(backend='host'), not on {', '.join(platforms)}; use jax_mla.decode(..., "
+      "backend='reference') there.")
+
+
+mlir.register_lowering(persistent_decode_p, _lowering("rocm"), platform="rocm")
+mlir.register_lowering(persistent_decode_p, _lowering("cpu"), platform="cpu")
+mlir.register_lowering(persistent_decode_p, _unsupported_platform)
