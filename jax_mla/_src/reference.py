@@ -1,0 +1,81 @@
+"""The pure-JAX reference decode: runs on any JAX backend, bounded memory, one executable per shape.
+
+It walks each sequence's KV list in fixed-size chunks with an online softmax, so memory is
+O(num_seqs * chunk * 512) whatever the lengths, and the number of chunks is a device value (a
+`while_loop` up to the longest sequence): one compiled executable serves every set of lengths of
+a shape, and nothing is read back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax_mla._src import layout
+
+SOFTMAX_SCALE = 1.0 / math.sqrt(layout.HEAD_DIM)  # the kernels hard-wire 1/sqrt(512)
+DEFAULT_CHUNK = 256
+
+
+def reference_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+                     chunk: int = DEFAULT_CHUNK):
+  """Decode attention over packed rows; arguments as `jax_mla.decode`, already validated.
+
+  Args:
+    sink: f32 `[H]`; `-inf` means no sink.
+
+  Returns:
+    `(out bf16 [T, H, 512], lse f32 [T, H])`; lse is the natural log of the softmax denominator
+    with the sink included. A sequence with no KV entries gives `out = 0`, `lse = sink`.
+  """
+  num_tokens, num_heads = q.shape[:2]
+  num_seqs = kv_indptr.shape[0] - 1
+  rows_per_seq = tokens_per_seq * num_heads
+  # [B, msq * H, 512]: all tokens and heads of a sequence share its KV list.
+  queries = layout.unpack_rows(q, q_rope).reshape(num_seqs, rows_per_seq, layout.HEAD_DIM)
+  sink_rows = jnp.tile(sink.astype(jnp.float32), tokens_per_seq)[None, :]  # [1, msq * H]
+
+  starts = kv_indptr[:-1]
+  lengths = jnp.maximum(kv_indptr[1:] - starts, 0)
+  num_chunks = (jnp.max(lengths, initial=0) + chunk - 1) // chunk
+  # Gathers clamp their indices; an empty index list still needs one element to gather from.
+  if kv_indices.shape[0] == 0:
+    kv_indices = jnp.zeros((1,), jnp.int32)
+
+  def body(c, state):
+    m, l, acc = state
+    offsets = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
+    valid = offsets[None, :] < lengths[:, None]  # [B, C]
+    positions = jnp.clip(starts[:, None] + offsets[None, :], 0, kv_indices.shape[0] - 1)
+    rows = jnp.clip(kv_indices[positions], 0, kv.shape[0] - 1)
+    keys = layout.unpack_rows(kv[rows], kv_rope[rows])  # [B, C, 512]
+    # Select, not multiply: a masked entry may point at a row holding NaN.
+    keys = jnp.where(valid[..., None], keys, 0.0)
+    scores = jnp.einsum("bmd,bcd->bmc", queries, keys, precision=jax.lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32) * jnp.float32(SOFTMAX_SCALE)
+    scores = jnp.where(valid[:, None, :], scores, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    alpha = jnp.exp(m - m_safe)  # 0 while nothing was seen (m = -inf)
+    p = jnp.exp(scores - m_safe[..., None])
+    l = l * alpha + jnp.sum(p, axis=-1)
+    acc = acc * alpha[..., None] + jnp.einsum(
+        "bmc,bcd->bmd", p, keys, precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32)
+    return m_new, l, acc
+
+  init = (jnp.full((num_seqs, rows_per_seq), -jnp.inf, jnp.float32),
+          jnp.zeros((num_seqs, rows_per_seq), jnp.float32),
+          jnp.zeros((num_seqs, rows_per_seq, layout.HEAD_DIM), jnp.float32))
+  m, l, acc = jax.lax.fori_loop(0, num_chunks, body, init)
+
+  seen = l > 0
+  m_safe = jnp.where(seen, m, 0.0)
+  lse = jnp.logaddexp(jnp.where(seen, m_safe + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf),
+                      sink_rows)
+  # out = sum_n exp(s_n - lse) k_n = acc * exp(m - lse); a +inf sink gives exp(-inf) = 0.
+  out = jnp.where(seen[..., None], acc * jnp.exp(m_safe - lse)[..., None], 0.0)
+  out = out.reshape(num_tokens, num_heads, layout.HEAD_DIM).astype(jnp.bfloat16)
+  return out, lse.reshape(num_tokens, num_heads)

@@ -1,0 +1,48 @@
+"""Comparing results with an oracle: non-finite masks first, then abs AND rel AND cosine."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def assert_close(name: str, actual, expected, *, atol: float, rtol: float,
+                 cos_tol: float | None = 1e-5) -> None:
+  """Fails unless every criterion holds.
+
+  1. The non-finite pattern matches exactly (NaN where NaN, +-inf where +-inf): a NaN never
+     counts as "close", and `abs(a - b) > tol` being False for NaN cannot hide one.
+  2. On the finite elements: max |a - e| <= atol, AND the norm-wise relative error
+     ||a - e|| / ||e|| <= rtol, AND (for vectors with energy) cosine similarity >= 1 - cos_tol.
+  """
+  a = np.asarray(actual, np.float64)
+  e = np.asarray(expected, np.float64)
+  assert a.shape == e.shape, f"{name}: shape {a.shape} != expected {e.shape}"
+  a_bad, e_bad = ~np.isfinite(a), ~np.isfinite(e)
+  if not np.array_equal(a_bad, e_bad):
+    where = np.argwhere(a_bad != e_bad)[:5].tolist()
+    raise AssertionError(
+        f"{name}: non-finite pattern differs: {int(a_bad.sum())} non-finite vs "
+        f"{int(e_bad.sum())} expected; first mismatches at {where}")
+  if a_bad.any():
+    assert np.array_equal(np.isnan(a), np.isnan(e)), f"{name}: NaN positions differ"
+    both_inf = np.isinf(e)
+    assert np.array_equal(a[both_inf], e[both_inf]), f"{name}: inf signs differ"
+  fin = ~e_bad
+  a, e = a[fin], e[fin]
+  if a.size == 0:
+    return
+  err = np.abs(a - e)
+  worst = int(np.argmax(err))
+  assert err[worst] <= atol, (
+      f"{name}: max abs error {err[worst]:.3g} > atol {atol:.3g} (actual {a[worst]!r}, "
+      f"expected {e[worst]!r}, flat finite index {worst})")
+  e_norm = np.linalg.norm(e)
+  if e_norm > 0:
+    rel = np.linalg.norm(a - e) / e_norm
+    assert rel <= rtol, f"{name}: relative error {rel:.3g} > rtol {rtol:.3g}"
+    if cos_tol is not None:
+      a_norm = np.linalg.norm(a)
+      cos = float(a @ e) / (a_norm * e_norm) if a_norm > 0 else 0.0
+      assert cos >= 1 - cos_tol, f"{name}: cosine similarity {cos:.8f} < 1 - {cos_tol:g}"
+  else:
+    assert np.all(a == 0), f"{name}: expected all zeros, got max |a| = {np.max(np.abs(a))}"
