@@ -230,7 +230,7 @@ class Workgroups {
   void Run(std::uint32_t workgroup, host::PieceScratch& scratch) const {
     const std::int64_t p = workgroup / 2;
     const int half = static_cast<int>(workgroup % 2);
-    const std::int64_t begin = p * s_.tiles_per_partition;
+    const std::int64_t begin = std::min(p * s_.tiles_per_partition, s_.total_tiles);
     const std::int64_t end = std::min(begin + s_.tiles_per_partition, s_.total_tiles);
     std::int32_t desc[8] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end), -1, -1, -1, -1, 0, 0};
     if (begin < end) {
