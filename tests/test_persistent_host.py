@@ -1,0 +1,132 @@
+"""The persistent path on the host backend: numerics against the float64 oracle, padding poison,
+empty rows, sinks, return_lse, and the workspace counters after every call."""
+
+import jax
+import numpy as np
+import pytest
+
+from persistent_cases import check_against_oracle, empty_rows, run
+from rows import POISON_PATTERNS, make_batch, poison_padding
+
+LENGTHS = {
+    "ragged": [5, 0, 300, 1, 64, 0, 33, 97],
+    "one_long": [1000],
+    "all_empty": [0, 0, 0],
+    "tile_edges": [31, 32, 33, 64, 65, 0, 1],
+}
+
+
+@pytest.mark.parametrize("num_partitions", [8, 64, 128, 1024])
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=list(LENGTHS))
+def test_matches_oracle(num_partitions, lengths):
+  rng = np.random.default_rng(num_partitions + len(lengths))
+  batch = make_batch(rng, num_heads=128, lengths=LENGTHS[lengths], pool_rows=700, sink=0.3,
+                     extra_indices=5)
+  out, lse, ws = run(batch, num_partitions=num_partitions)
+  check_against_oracle(batch, out, lse)
+  assert not np.asarray(ws.cnt).any(), "arrival counters must be zero after a completed call"
+
+
+def test_rows_cut_over_many_partitions():
+  # One 2000-token row over 8 partitions: 63 tiles, 8 pieces merged by the last arrival, plus
+  # short rows that land wholly inside a partition.
+  rng = np.random.default_rng(7)
+  batch = make_batch(rng, num_heads=128, lengths=[3, 2000, 40, 0, 2], pool_rows=900, sink=-1.0)
+  out, lse, ws = run(batch, num_partitions=8)
+  check_against_oracle(batch, out, lse)
+  desc = np.asarray(ws.desc)
+  assert (desc[:, 6] > 0).sum() >= 7, f"the long row must be cut into pieces: desc={desc}"
+
+
+@pytest.mark.parametrize("pattern", POISON_PATTERNS)
+@pytest.mark.parametrize("where", ["q", "kv", "both"])
+def test_padding_poison_is_bit_identical(pattern, where):
+  rng = np.random.default_rng(3)
+  batch = make_batch(rng, num_heads=128, lengths=[40, 0, 129, 7], pool_rows=300, sink=0.5)
+  clean_out, clean_lse, _ = run(batch)
+  if where in ("q", "both"):
+    batch.q = poison_padding(batch.q, pattern, np.random.default_rng(11))
+  if where in ("kv", "both"):
+    batch.kv = poison_padding(batch.kv, pattern, np.random.default_rng(12))
+  out, lse, _ = run(batch)
+  assert np.isfinite(out).all() and np.isfinite(lse).all()
+  np.testing.assert_array_equal(out, clean_out)
+  np.testing.assert_array_equal(lse, clean_lse)
+
+
+SINKS = {"neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "huge": 1e30, "pos_inf": np.inf}
+
+
+@pytest.mark.parametrize("sink", list(SINKS), ids=list(SINKS))
+def test_sinks(sink):
+  rng = np.random.default_rng(5)
+  batch = make_batch(rng, num_heads=128, lengths=[9, 0, 150, 70], pool_rows=300,
+                     sink=SINKS[sink])
+  out, lse, _ = run(batch, num_partitions=8)
+  check_against_oracle(batch, out, lse)
+  if sink == "pos_inf":
+    assert (out == 0).all() and (lse == np.inf).all()
+  if sink in ("large", "huge"):
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+
+
+def test_per_head_sinks():
+  rng = np.random.default_rng(6)
+  sink = rng.standard_normal(128).astype(np.float32) * 3
+  sink[:5] = [-np.inf, np.inf, 40.0, -40.0, 0.0]
+  batch = make_batch(rng, num_heads=128, lengths=[17, 0, 200], pool_rows=300, sink=sink)
+  out, lse, _ = run(batch, num_partitions=8)
+  check_against_oracle(batch, out, lse)
+
+
+def test_kernel_leaves_empty_rows_unwritten_and_the_fixup_covers_exactly_them():
+  rng = np.random.default_rng(8)
+  batch = make_batch(rng, num_heads=128, lengths=[0, 12, 0, 0, 90, 0], pool_rows=200, sink=1.5)
+  empty = empty_rows(batch)
+  written = np.setdiff1d(np.arange(6), empty)
+  raw_out, raw_lse, _ = run(batch, raw=True, fix_empty_rows=False, fill_unwritten_nan=True)
+  assert np.isnan(raw_out[empty]).all() and np.isnan(raw_lse[empty]).all()
+  assert np.isfinite(raw_out[written]).all() and np.isfinite(raw_lse[written]).all()
+  out, lse, _ = run(batch, raw=True, fix_empty_rows=True, fill_unwritten_nan=True)
+  assert (out[empty] == 0).all()
+  np.testing.assert_array_equal(lse[empty], np.broadcast_to(batch.sink, (len(empty), 128)))
+  np.testing.assert_array_equal(out[written], raw_out[written])
+  check_against_oracle(batch, out, lse)
+
+
+def test_empty_rows_without_a_sink_give_minus_inf_lse():
+  rng = np.random.default_rng(9)
+  batch = make_batch(rng, num_heads=128, lengths=[0, 4, 0], pool_rows=50, sink=None)
+  out, lse, _ = run(batch, raw=True, fill_unwritten_nan=True)
+  check_against_oracle(batch, out, lse)
+  assert (lse[[0, 2]] == -np.inf).all() and (out[[0, 2]] == 0).all()
+
+
+def test_return_lse_false():
+  rng = np.random.default_rng(10)
+  batch = make_batch(rng, num_heads=128, lengths=[0, 30, 300], pool_rows=300, sink=0.2)
+  out, lse, ws = run(batch, return_lse=False)
+  assert lse is None
+  with_lse, _, _ = run(batch)
+  np.testing.assert_array_equal(out, with_lse)
+  assert not np.asarray(ws.cnt).any()
+
+
+def test_kv_indptr_with_offset_and_extra_indices():
+  rng = np.random.default_rng(12)
+  batch = make_batch(rng, num_heads=128, lengths=[10, 0, 50], pool_rows=100, extra_indices=9)
+  batch.kv_indices = np.concatenate([rng.integers(0, 100, 6).astype(np.int32), batch.kv_indices])
+  batch.kv_indptr = batch.kv_indptr + 6
+  out, lse, _ = run(batch)
+  check_against_oracle(batch, out, lse)
+
+
+def test_out_of_range_kv_index_is_refused_naming_the_entry():
+  rng = np.random.default_rng(13)
+  batch = make_batch(rng, num_heads=128, lengths=[4, 6], pool_rows=20)
+  batch.kv_indices[7] = 20
+  with pytest.raises(jax.errors.JaxRuntimeError, match=r"kv_indices\[7\] = 20 \(row 1\)"):
+    run(batch)
+  batch.kv_indices[7] = -1
+  with pytest.raises(jax.errors.JaxRuntimeError, match=r"kv_indices\[7\] = -1"):
+    run(batch)
