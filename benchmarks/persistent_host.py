@@ -41,8 +41,9 @@ def main():
     return lambda: f(ws, *inputs)
 
   variants = {
-      "persistent, fix-up": persistent(True),
       "persistent, no fix-up": persistent(False),
+      "persistent, select": persistent("select"),
+      "persistent, scatter": persistent("scatter"),
   }
   if not args.no_reference:
     ref = jax.jit(lambda *a: jax_mla.decode(*a, backend="reference"))

@@ -79,7 +79,8 @@ def test_per_head_sinks():
   check_against_oracle(batch, out, lse)
 
 
-def test_kernel_leaves_empty_rows_unwritten_and_the_fixup_covers_exactly_them():
+@pytest.mark.parametrize("method", [True, "select", "scatter"])
+def test_kernel_leaves_empty_rows_unwritten_and_the_fixup_covers_exactly_them(method):
   rng = np.random.default_rng(8)
   batch = make_batch(rng, num_heads=128, lengths=[0, 12, 0, 0, 90, 0], pool_rows=200, sink=1.5)
   empty = empty_rows(batch)
@@ -87,7 +88,7 @@ def test_kernel_leaves_empty_rows_unwritten_and_the_fixup_covers_exactly_them():
   raw_out, raw_lse, _ = run(batch, raw=True, fix_empty_rows=False, fill_unwritten_nan=True)
   assert np.isnan(raw_out[empty]).all() and np.isnan(raw_lse[empty]).all()
   assert np.isfinite(raw_out[written]).all() and np.isfinite(raw_lse[written]).all()
-  out, lse, _ = run(batch, raw=True, fix_empty_rows=True, fill_unwritten_nan=True)
+  out, lse, _ = run(batch, raw=True, fix_empty_rows=method, fill_unwritten_nan=True)
   assert (out[empty] == 0).all()
   np.testing.assert_array_equal(lse[empty], np.broadcast_to(batch.sink, (len(empty), 128)))
   np.testing.assert_array_equal(out[written], raw_out[written])

@@ -69,7 +69,8 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
                           return_lse=True, backend="host", fix_empty_rows=True,
                           fill_unwritten_nan=False):
   """decode_persistent with its test switches: fix_empty_rows=False returns the kernel's output
-  as is (rows with K = 0 unwritten), fill_unwritten_nan=True (host only) makes those rows NaN."""
+  as is (rows with K = 0 unwritten), "select"/"scatter" force one fix-up method (True picks per
+  platform); fill_unwritten_nan=True (host only) makes the unwritten rows NaN first."""
   _check_static(return_lse, backend, fill_unwritten_nan)
   n = _check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
   if n == 0:
@@ -82,24 +83,48 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
       num_partitions=workspace.num_partitions)
   out, lse = results[0], results[1]
   new_ws = ws_lib.Workspace(*results[2:])
-  if fix_empty_rows:
-    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink)
+  if fix_empty_rows is not False:
+    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink,
+                               fix_empty_rows)
   return out, (lse if return_lse else None), new_ws
 
 
-def _fix_empty_rows(out, lse, kv_indptr, sink):
+def _fix_empty_rows(out, lse, kv_indptr, sink, method=True):
   """The kernel leaves rows with K = 0 unwritten; the API promises out = 0, lse = sink there.
 
-  Zeros are scattered only into the empty rows: every other row gets the out-of-range index N
-  and mode="drop" skips it, so no full pass over out is made. lse is small: a select.
+  method True picks per platform (jax.lax.platform_dependent):
+  - "scatter" (every platform but cpu): zeros are scattered into the empty rows only; every
+    other row gets the out-of-range index N and mode="drop" skips it, so the write touches only
+    empty rows, with no full pass over out. Done on the uint16 bits, so no backend widens bf16.
+  - "select" (cpu): one fused select over out. XLA:CPU lowers the scatter above to a
+    materialised broadcast of the updates plus copies, measured 50x slower than the select at
+    N=4096 (1.6 s vs 31 ms); see docs/workspace.md for the numbers.
+  lse is small: always a select.
   """
-  n = out.shape[0]
   empty = kv_indptr[1:] == kv_indptr[:-1]
-  rows = jnp.where(empty, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
-  out = out.at[rows].set(jnp.zeros((), out.dtype), mode="drop")
+  if method is True:
+    out = jax.lax.platform_dependent(out, empty, cpu=_zero_rows_select, default=_zero_rows_scatter)
+  elif method == "select":
+    out = _zero_rows_select(out, empty)
+  elif method == "scatter":
+    out = _zero_rows_scatter(out, empty)
+  else:
+    raise ValueError(f"fix_empty_rows must be True, False, 'select' or 'scatter', got {method!r}")
   if lse is not None:
     lse = jnp.where(empty[:, None], sink[None, :], lse)
   return out, lse
+
+
+def _zero_rows_scatter(out, empty):
+  n = out.shape[0]
+  rows = jnp.where(empty, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+  bits = jax.lax.bitcast_convert_type(out, jnp.uint16)
+  bits = bits.at[rows].set(jnp.uint16(0), mode="drop")
+  return jax.lax.bitcast_convert_type(bits, out.dtype)
+
+
+def _zero_rows_select(out, empty):
+  return jnp.where(empty[:, None, None], jnp.zeros((), out.dtype), out)
 
 
 # ---------------------------------------------------------------------------- argument checks
