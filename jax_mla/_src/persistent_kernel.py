@@ -84,27 +84,26 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   out, lse = results[0], results[1]
   new_ws = ws_lib.Workspace(*results[2:])
   if fix_empty_rows is not False:
-    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink,
-                               fix_empty_rows)
+    method = fix_empty_rows
+    if method is True:  # the backend fixes the platform: host runs on XLA:CPU, gfx950 on ROCm
+      method = "select" if backend == "host" else "scatter"
+    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink, method)
   return out, (lse if return_lse else None), new_ws
 
 
-def _fix_empty_rows(out, lse, kv_indptr, sink, method=True):
+def _fix_empty_rows(out, lse, kv_indptr, sink, method):
   """The kernel leaves rows with K = 0 unwritten; the API promises out = 0, lse = sink there.
 
-  method True picks per platform (jax.lax.platform_dependent):
-  - "scatter" (every platform but cpu): zeros are scattered into the empty rows only; every
+  - "scatter" (backend gfx950): zeros are scattered into the empty rows only; every
     other row gets the out-of-range index N and mode="drop" skips it, so the write touches only
     empty rows, with no full pass over out. Done on the uint16 bits, so no backend widens bf16.
-  - "select" (cpu): one fused select over out. XLA:CPU lowers the scatter above to a
-    materialised broadcast of the updates plus copies, measured 50x slower than the select at
-    N=4096 (1.6 s vs 31 ms); see docs/workspace.md for the numbers.
+  - "select" (backend host): one fused select over out. XLA:CPU lowers the scatter above to a
+    materialised broadcast of the updates plus copies: at N=4096 (512 MiB of out) it measured
+    about 360 ms (1.6 s on bf16 directly) against 19-31 ms for the select; docs/workspace.md.
   lse is small: always a select.
   """
   empty = kv_indptr[1:] == kv_indptr[:-1]
-  if method is True:
-    out = jax.lax.platform_dependent(out, empty, cpu=_zero_rows_select, default=_zero_rows_scatter)
-  elif method == "select":
+  if method == "select":
     out = _zero_rows_select(out, empty)
   elif method == "scatter":
     out = _zero_rows_scatter(out, empty)
