@@ -225,3 +225,16 @@ def test_empty_batch():
   batch = make_batch(rng, num_heads=16, lengths=[], pool_rows=8)
   out, lse = run(batch, 2)
   assert out.shape == (0, 16, 512) and lse.shape == (0, 16)
+
+
+def test_both_empty_row_fixups_agree():
+  """The gfx950 path zeroes empty rows with a scatter, the host path with a select: same bits."""
+  rng = np.random.default_rng(29)
+  batch = make_batch(rng, num_heads=16, lengths=[0, 12, 0, 3], tokens_per_seq=4, pool_rows=32)
+  (raw,) = kernel_results(batch, 1)  # NaN in the unwritten rows
+  kv_indptr = jnp.asarray(batch.kv_indptr)
+  scatter = jax.jit(split_kernel.zero_empty_rows_scatter, static_argnums=2)(raw, kv_indptr, 4)
+  select = jax.jit(split_kernel.zero_empty_rows_select, static_argnums=2)(raw, kv_indptr, 4)
+  scatter = np.asarray(scatter.astype(jnp.float32))
+  np.testing.assert_array_equal(scatter, np.asarray(select.astype(jnp.float32)))
+  assert np.isfinite(scatter).all() and np.all(scatter[0:4] == 0) and np.all(scatter[8:12] == 0)
