@@ -5,10 +5,10 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 
 #include "bindings/parts.h"
+#include "bindings/split_addresses.h"
 #include "common/launch_plan.h"
 #include "split/ffi_handlers.h"
 #include "split/plan.h"
@@ -20,33 +20,6 @@ namespace {
 
 py::capsule Capsule(XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*)) {
   return py::capsule(reinterpret_cast<void*>(handler));
-}
-
-SplitProblem ProblemFromAddresses(const std::map<std::string, std::uint64_t>& addresses) {
-  SplitProblem p;
-  const std::map<std::string, std::uint64_t SplitProblem::*> fields = {
-      {"out", &SplitProblem::out},
-      {"partial_lse", &SplitProblem::partial_lse},
-      {"valid_split_count", &SplitProblem::valid_split_count},
-      {"q", &SplitProblem::q},
-      {"q_rope", &SplitProblem::q_rope},
-      {"kv", &SplitProblem::kv},
-      {"kv_rope", &SplitProblem::kv_rope},
-      {"kv_indptr", &SplitProblem::kv_indptr},
-      {"kv_indices", &SplitProblem::kv_indices},
-      {"qo_indptr", &SplitProblem::qo_indptr},
-      {"split_indptr", &SplitProblem::split_indptr},
-      {"sink", &SplitProblem::sink}};
-  for (const auto& [name, value] : addresses) {
-    auto field = fields.find(name);
-    if (field == fields.end()) {
-      std::string known;
-      for (const auto& f : fields) known += " " + f.first;
-      throw py::value_error("split_plan: unknown address '" + name + "'; known:" + known);
-    }
-    p.*(field->second) = value;
-  }
-  return p;
 }
 
 py::dict PlanToDict(const LaunchPlan& plan) {
@@ -74,11 +47,8 @@ void AddSplitBindings(py::module_& m, py::dict& cpu, py::dict& rocm) {
       "split_plan",
       [](const std::map<std::string, std::uint64_t>& addresses, std::int64_t num_seqs,
          std::int64_t num_heads, std::int64_t tokens_per_seq, std::int64_t num_kv_splits) {
-        SplitProblem p = ProblemFromAddresses(addresses);
-        p.num_seqs = num_seqs;
-        p.num_heads = num_heads;
-        p.tokens_per_seq = tokens_per_seq;
-        p.num_kv_splits = num_kv_splits;
+        const SplitProblem p = SplitProblemFromAddresses(addresses, num_seqs, num_heads,
+                                                         tokens_per_seq, num_kv_splits);
         LaunchPlan plan;
         Status s = PlanSplit(p, &plan);
         if (!s.ok()) throw py::value_error(s.message());
