@@ -238,3 +238,23 @@ def test_both_empty_row_fixups_agree():
   scatter = np.asarray(scatter.astype(jnp.float32))
   np.testing.assert_array_equal(scatter, np.asarray(select.astype(jnp.float32)))
   assert np.isfinite(scatter).all() and np.all(scatter[0:4] == 0) and np.all(scatter[8:12] == 0)
+
+
+@pytest.mark.parametrize("operand,bad,match", [
+    (6, np.zeros(17, np.float32), r"sink \(operand 6\) has dtype f32 dims \[17\]; expected f32 "
+                                  r"dims \[16\]"),
+    (0, None, r"q \(operand 0\) has dtype s8 .*expected u8"),
+    (8, np.arange(4, dtype=np.int32), r"split_indptr\[1\] = 1, expected 2"),
+    (7, np.array([0, 1, 2, 9], np.int32), r"qo_indptr\[3\] = 9 is outside \[0, 3\]"),
+])
+def test_handler_rechecks_operands(operand, bad, match):
+  """The C++ handler refuses what the Python side would never send (bind called directly)."""
+  rng = np.random.default_rng(31)
+  batch = make_batch(rng, num_heads=16, lengths=[3, 4, 5], pool_rows=16)
+  seq = np.arange(4, dtype=np.int32)
+  operands = list(batch.args()[:-1]) + [sink_array(batch), seq, seq * 2]
+  operands[operand] = batch.q.view(np.int8) if bad is None else bad
+  f = jax.jit(lambda *a: split_kernel.split_decode_p.bind(
+      *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True))
+  with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+    jax.block_until_ready(f(*operands))

@@ -29,6 +29,20 @@ std::string DimsText(ffi::Span<const std::int64_t> dims) {
   return text + "]";
 }
 
+std::string DtypeName(ffi::DataType t) {
+  switch (t) {
+    case ffi::U8: return "u8";
+    case ffi::S8: return "s8";
+    case ffi::S32: return "s32";
+    case ffi::S64: return "s64";
+    case ffi::BF16: return "bf16";
+    case ffi::F16: return "f16";
+    case ffi::F32: return "f32";
+    case ffi::F8E4M3FN: return "f8e4m3fn";
+    default: return "dtype#" + std::to_string(static_cast<int>(t));
+  }
+}
+
 // InvalidArgument naming the operand unless its dtype and dims are as expected.
 Status CheckBuffer(const ffi::AnyBuffer& buffer, const char* name, ffi::DataType dtype,
                    const std::vector<std::int64_t>& dims) {
@@ -39,9 +53,8 @@ Status CheckBuffer(const ffi::AnyBuffer& buffer, const char* name, ffi::DataType
   std::string want = "[";
   for (std::size_t i = 0; i < dims.size(); ++i) want += (i ? "," : "") + std::to_string(dims[i]);
   return Status::InvalidArgument(std::string("jax_mla_split_decode_v1: ") + name + " has dtype " +
-                                 std::to_string(static_cast<int>(buffer.element_type())) +
-                                 " dims " + DimsText(actual) + "; expected dtype " +
-                                 std::to_string(static_cast<int>(dtype)) + " dims " + want + "]");
+                                 DtypeName(buffer.element_type()) + " dims " + DimsText(actual) +
+                                 "; expected " + DtypeName(dtype) + " dims " + want + "]");
 }
 
 std::uint64_t Address(const ffi::AnyBuffer& b) {
