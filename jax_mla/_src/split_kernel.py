@@ -1,0 +1,258 @@
+"""The split-plus-merge decode path: the nm kernel (XLA FFI custom call) and the merge.
+
+Data path: `split_decode` -> primitive `jax_mla_split_decode` (static num_kv_splits,
+tokens_per_seq, backend, fill_unwritten_nan) -> lowering per platform to the FFI target
+`jax_mla_split_decode_v1` (rocm: the gfx950 code object through HIP; cpu: the host executor that
+runs the same 336 kernarg bytes) -> primitive `jax_mla_merge_splits` (pure jnp on every platform).
+
+The sink is folded into split 0 by the kernel (inferred for the real kernel, KERNELS.md section 3;
+the host executor does the same), so the merge adds no sink term except for a sequence without
+any valid split (K = 0), whose lse is the sink.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir, xla
+
+from jax_mla._src import ext, planner
+
+TARGET = "jax_mla_split_decode_v1"
+HEAD_DIM = 512
+ROPE_DIM = 64
+# (gqa, tokens_per_seq) pairs the one nm binary serves.
+SUPPORTED_SHAPES = ((16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1))
+BACKENDS = ("gfx950", "host")
+
+
+def _supported_text() -> str:
+  return " ".join(f"({h},{m})" for h, m in SUPPORTED_SHAPES)
+
+
+# --- the one shape function -------------------------------------------------------------------
+
+def split_result_shapes(num_tokens: int, num_heads: int, num_seqs: int, num_kv_splits: int):
+  """The kernel's results as ShapeDtypeStructs: [out] when S == 1, else
+  [partials, partial_lse, valid_split_count]."""
+  t, h, s = num_tokens, num_heads, num_kv_splits
+  if s == 1:
+    return [jax.ShapeDtypeStruct((t, h, HEAD_DIM), jnp.bfloat16)]
+  return [jax.ShapeDtypeStruct((t, s, h, HEAD_DIM), jnp.float32),
+          jax.ShapeDtypeStruct((t, s, h), jnp.float32),
+          jax.ShapeDtypeStruct((num_seqs,), jnp.int32)]
+
+
+# --- primitive: the nm kernel -------------------------------------------------------------------
+
+split_decode_p = Primitive("jax_mla_split_decode")
+split_decode_p.multiple_results = True
+split_decode_p.def_impl(functools.partial(xla.apply_primitive, split_decode_p))
+
+
+@split_decode_p.def_abstract_eval
+def _split_decode_abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr,
+                                split_indptr, *, num_kv_splits, tokens_per_seq, backend,
+                                fill_unwritten_nan):
+  del q_rope, kv, kv_rope, kv_indices, sink, qo_indptr, split_indptr, tokens_per_seq, backend
+  del fill_unwritten_nan
+  shapes = split_result_shapes(q.shape[0], q.shape[1], kv_indptr.shape[0] - 1, num_kv_splits)
+  return [jax.core.ShapedArray(s.shape, s.dtype) for s in shapes]
+
+
+_ffi_rule = jax.ffi.ffi_lowering(TARGET)
+
+
+def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+  if backend != "gfx950":
+    raise ValueError(f"backend={backend!r} cannot run on rocm: the rocm lowering of "
+                     f"{TARGET} launches the gfx950 code object (use backend='gfx950')")
+  if fill_unwritten_nan:
+    raise ValueError("fill_unwritten_nan is a host-backend test option; the gfx950 kernel "
+                     "cannot fill what it does not write")
+  return _ffi_rule(ctx, *operands, num_kv_splits=np.int32(num_kv_splits),
+                   tokens_per_seq=np.int32(tokens_per_seq))
+
+
+def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+  if backend != "host":
+    raise ValueError(f"backend={backend!r} needs a ROCm gfx950 device; this computation is "
+                     "lowered for cpu (use backend='host' or backend='reference')")
+  ext.ensure_registered()  # the cpu target must exist before XLA compiles the call
+  return _ffi_rule(ctx, *operands, num_kv_splits=np.int32(num_kv_splits),
+                   tokens_per_seq=np.int32(tokens_per_seq),
+                   fill_unwritten_nan=np.bool_(fill_unwritten_nan))
+
+
+def _lower_other(ctx, *operands, backend, **params):
+  del operands, params
+  platforms = getattr(ctx.module_context, "platforms", None)
+  raise NotImplementedError(
+      f"jax_mla split decode (backend={backend!r}) runs on rocm (gfx950) or cpu (host); this "
+      f"computation is lowered for {platforms}. Use backend='reference' on other platforms.")
+
+
+mlir.register_lowering(split_decode_p, _lower_rocm, platform="rocm")
+mlir.register_lowering(split_decode_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(split_decode_p, _lower_other)
+
+
+# --- primitive: the merge ------------------------------------------------------------------------
+
+def _merge_impl(partials, partial_lse, valid_split_count, kv_indptr, sink, *, tokens_per_seq):
+  """Merges split partials in pure jnp. Masks with select only: unwritten slots may hold NaN."""
+  num_tokens, num_splits = partial_lse.shape[:2]
+  kv_len = kv_indptr[1:] - kv_indptr[:-1]
+  tiles = (kv_len + planner.KV_TILE - 1) // planner.KV_TILE
+  valid = jnp.minimum(jnp.minimum(num_splits, tiles), valid_split_count)  # [B]
+  valid = jnp.repeat(valid, tokens_per_seq, total_repeat_length=num_tokens)  # [T]
+  mask = jnp.arange(num_splits)[None, :, None] < valid[:, None, None]  # [T, S, 1]
+  lse = jnp.where(mask, partial_lse, -jnp.inf)
+  m = jnp.max(lse, axis=1, keepdims=True)  # [T, 1, H]; -inf when no valid split
+  # lse == m gives weight 1 even for m = +inf (a +inf sink folded into split 0).
+  w = jnp.where(mask, jnp.where(lse == m, 1.0, jnp.exp(lse - m)), 0.0)
+  num = jnp.sum(jnp.where(mask[..., None], w[..., None] * partials, 0.0), axis=1)
+  den = jnp.sum(w, axis=1)  # [T, H]
+  has_split = den > 0
+  out = jnp.where(has_split[..., None], num / jnp.where(has_split, den, 1.0)[..., None], 0.0)
+  lse_out = jnp.where(has_split, m[:, 0, :] + jnp.log(jnp.where(has_split, den, 1.0)),
+                      sink.astype(jnp.float32)[None, :])
+  return [out.astype(jnp.bfloat16), lse_out.astype(jnp.float32)]
+
+
+merge_splits_p = Primitive("jax_mla_merge_splits")
+merge_splits_p.multiple_results = True
+merge_splits_p.def_impl(functools.partial(xla.apply_primitive, merge_splits_p))
+
+
+@merge_splits_p.def_abstract_eval
+def _merge_abstract_eval(partials, partial_lse, valid_split_count, kv_indptr, sink, *,
+                         tokens_per_seq):
+  del partial_lse, valid_split_count, kv_indptr, sink, tokens_per_seq
+  t, _, h, _ = partials.shape
+  return [jax.core.ShapedArray((t, h, HEAD_DIM), jnp.bfloat16),
+          jax.core.ShapedArray((t, h), jnp.float32)]
+
+
+mlir.register_lowering(merge_splits_p, mlir.lower_fun(_merge_impl, multiple_results=True))
+
+
+def merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink, *, tokens_per_seq):
+  """(out bf16 [T, H, 512], lse f32 [T, H]) from the kernel's S > 1 results."""
+  return merge_splits_p.bind(partials, partial_lse, valid_split_count, kv_indptr, sink,
+                             tokens_per_seq=int(tokens_per_seq))
+
+
+# --- the function the public API calls -----------------------------------------------------------
+
+def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return_lse,
+                  fill_unwritten_nan):
+  if isinstance(tokens_per_seq, bool) or not isinstance(tokens_per_seq, int):
+    raise TypeError(f"tokens_per_seq must be an int, got {tokens_per_seq!r}")
+  if (num_heads, tokens_per_seq) not in SUPPORTED_SHAPES:
+    raise ValueError(
+        f"the nm kernel does not serve (num_heads, tokens_per_seq) = ({num_heads}, "
+        f"{tokens_per_seq}); supported (num_heads, tokens_per_seq): {_supported_text()} "
+        "(num_heads = 8 runs padded to 16)")
+  if num_kv_splits is not None:
+    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, (int, np.integer)):
+      raise TypeError(f"num_kv_splits must be an int or None, got {num_kv_splits!r}")
+    if num_kv_splits < 1:
+      raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    if num_kv_splits == 1 and return_lse:
+      raise ValueError(
+          "num_kv_splits=1 with return_lse=True: with one split the nm kernel writes the bf16 "
+          "output directly and no LSE (whether it also writes one is undocumented, KERNELS.md "
+          "section 3). Pass return_lse=False, or num_kv_splits >= 2.")
+  if backend not in BACKENDS:
+    raise ValueError(f"split_decode backend must be one of {BACKENDS}, got {backend!r}")
+  if fill_unwritten_nan and backend != "host":
+    raise ValueError("fill_unwritten_nan=True is only available with backend='host'")
+
+
+def _empty_token_rows(kv_indptr, tokens_per_seq, num_tokens):
+  """[T] bool: tokens of sequences with no KV entries (rows the S == 1 kernel leaves unwritten)."""
+  empty = (kv_indptr[1:] - kv_indptr[:-1]) <= 0
+  return jnp.repeat(empty, tokens_per_seq, total_repeat_length=num_tokens)
+
+
+def zero_empty_rows_scatter(out, kv_indptr, tokens_per_seq):
+  """Zeroes only the rows of empty sequences: a scatter whose indices are those rows and an
+  out-of-range sentinel (dropped) elsewhere, so `out` is updated in place, no full pass. Used for
+  gfx950. XLA:CPU runs scatters element by element: there it costs ~15-25 ms at T=64, H=128
+  (benchmarks/split_empty_row_fixup.py), far more than one select pass."""
+  num_tokens = out.shape[0]
+  empty = _empty_token_rows(kv_indptr, tokens_per_seq, num_tokens)
+  rows = jnp.where(empty, jnp.arange(num_tokens, dtype=jnp.int32), num_tokens)
+  return out.at[rows].set(jnp.zeros((), out.dtype), mode="drop")
+
+
+def zero_empty_rows_select(out, kv_indptr, tokens_per_seq):
+  """The same result as one select pass over `out`. Used for the host backend, where it costs
+  ~0.3-0.5 ms at T=64, H=128 against ~15-25 ms for XLA:CPU's scatter."""
+  empty = _empty_token_rows(kv_indptr, tokens_per_seq, out.shape[0])
+  return jnp.where(empty[:, None, None], jnp.zeros((), out.dtype), out)
+
+
+# backend -> how the S == 1 output gets its empty rows zeroed (measured choice, see above).
+ZERO_EMPTY_ROWS = {"gfx950": zero_empty_rows_scatter, "host": zero_empty_rows_select}
+
+
+def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+                 num_kv_splits: int | None, backend: str, return_lse: bool = True,
+                 fill_unwritten_nan: bool | None = None, kv_len_hint: int | None = None):
+  """Decode through the nm kernel (backend 'gfx950') or its host executor (backend 'host').
+
+  Arguments as `jax_mla.decode`, already validated there; sink is f32 [H] (-inf: no sink).
+  num_kv_splits None picks with `planner.num_kv_splits` (at least 2 when return_lse); kv_len_hint
+  is passed to it. fill_unwritten_nan (host only, default True there) fills what the kernel does
+  not write with NaN first, so a result never depends on it.
+
+  Returns:
+    (out bf16 [T, H, 512], lse f32 [T, H] with the sink included, or None).
+  """
+  num_tokens, num_heads = q.shape[0], q.shape[1]
+  num_seqs = kv_indptr.shape[0] - 1
+  kernel_heads = 16 if num_heads == 8 else num_heads
+  if fill_unwritten_nan is None:
+    fill_unwritten_nan = backend == "host"
+  _check_static(kernel_heads, tokens_per_seq, num_kv_splits, backend, return_lse,
+                fill_unwritten_nan)
+  if num_tokens != num_seqs * tokens_per_seq:
+    raise ValueError(f"q has {num_tokens} tokens; expected num_seqs * tokens_per_seq = "
+                     f"{num_seqs} * {tokens_per_seq}")
+  if num_seqs == 0:
+    out = jnp.zeros((0, num_heads, HEAD_DIM), jnp.bfloat16)
+    return out, (jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
+  if num_kv_splits is None:
+    num_kv_splits = planner.num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
+    if return_lse:
+      num_kv_splits = max(2, num_kv_splits)
+  num_kv_splits = int(num_kv_splits)
+
+  sink = jnp.asarray(sink, jnp.float32)
+  if kernel_heads != num_heads:  # 8 heads: pad to 16, the padded heads never see a sink
+    pad = kernel_heads - num_heads
+    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0)))
+    q_rope = jnp.pad(q_rope, ((0, 0), (0, pad), (0, 0)))
+    sink = jnp.pad(sink, (0, pad), constant_values=-jnp.inf)
+  seq_ids = jnp.arange(num_seqs + 1, dtype=jnp.int32)
+  results = split_decode_p.bind(
+      q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq_ids * tokens_per_seq,
+      seq_ids * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=int(tokens_per_seq),
+      backend=backend, fill_unwritten_nan=bool(fill_unwritten_nan))
+  if num_kv_splits == 1:
+    out, lse = ZERO_EMPTY_ROWS[backend](results[0], kv_indptr, tokens_per_seq), None
+  else:
+    partials, partial_lse, valid_split_count = results
+    out, lse = merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink,
+                            tokens_per_seq=tokens_per_seq)
+  if kernel_heads != num_heads:
+    out = out[:, :num_heads]
+    lse = None if lse is None else lse[:, :num_heads]
+  return out, (lse if return_lse else None)

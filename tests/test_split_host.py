@@ -1,0 +1,260 @@
+"""The host backend (the C++ executor running the nm kernel's plan) against the float64 oracle.
+
+Every call goes through jax.jit and the FFI, with fill_unwritten_nan on unless a test says
+otherwise: whatever the executor leaves unwritten is NaN, so it cannot reach a result unseen.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compare import assert_close
+from oracle import oracle_decode
+from rows import POISON_PATTERNS, make_batch, poison_padding
+from jax_mla._src import split_kernel
+from jax_mla._src.split_kernel import split_decode
+
+SUPPORTED = [(16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1)]
+# Ragged: an empty sequence, rows shorter than S * 32, one with 5 tiles (S=4 leaves 3 valid).
+LENGTHS = [0, 5, 70, 33, 150, 1]
+
+
+def sink_array(batch):
+  heads = batch.q.shape[1]
+  return (np.full(heads, -np.inf, np.float32) if batch.sink is None
+          else np.asarray(batch.sink, np.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(tokens_per_seq, num_kv_splits, return_lse, fill=True):
+  return jax.jit(functools.partial(
+      split_decode, tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits, backend="host",
+      return_lse=return_lse, fill_unwritten_nan=fill))
+
+
+def run(batch, num_kv_splits, *, return_lse=None, fill=True):
+  if return_lse is None:
+    return_lse = num_kv_splits != 1
+  args = batch.args()[:-1] + (sink_array(batch),)
+  out, lse = jitted(batch.tokens_per_seq, num_kv_splits, return_lse, fill)(*args)
+  return np.asarray(out.astype(jnp.float32)), None if lse is None else np.asarray(lse)
+
+
+def check_against_oracle(batch, out, lse):
+  want_out, want_lse = oracle_decode(*batch.args(), tokens_per_seq=batch.tokens_per_seq)
+  scale = max(1.0, float(np.max(np.abs(want_out))))
+  assert_close("out", out, want_out, atol=8e-3 * scale, rtol=5e-3, cos_tol=1e-4)
+  if lse is not None:
+    assert_close("lse", lse, want_lse, atol=1e-4, rtol=1e-5, cos_tol=None)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 8, 16, None], ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("gqa,msq", SUPPORTED, ids=lambda v: str(v))
+def test_every_shape_and_split_count(gqa, msq, num_kv_splits):
+  rng = np.random.default_rng(gqa * 100 + msq * 10 + (num_kv_splits or 0))
+  batch = make_batch(rng, num_heads=gqa, lengths=LENGTHS, tokens_per_seq=msq, pool_rows=200,
+                     sink=rng.standard_normal(gqa).astype(np.float32))
+  out, lse = run(batch, num_kv_splits)
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.parametrize("sink", [None, 0.75, 30.0, 1e30, np.inf, "mixed"])
+@pytest.mark.parametrize("num_kv_splits", [1, 4])
+def test_sinks(sink, num_kv_splits):
+  rng = np.random.default_rng(7)
+  if sink == "mixed":
+    sink = np.array([-np.inf, np.inf, 0.0, 3.0, 1e30, -2.0, 30.0, -np.inf] * 2, np.float32)
+  batch = make_batch(rng, num_heads=16, lengths=[40, 0, 3, 97], pool_rows=128, sink=sink)
+  out, lse = run(batch, num_kv_splits)
+  assert not np.isnan(out).any()
+  assert lse is None or not np.isnan(lse).any()
+  check_against_oracle(batch, out, lse)
+
+
+def test_infinite_sink_zeroes_output_and_lse_is_inf():
+  rng = np.random.default_rng(3)
+  batch = make_batch(rng, num_heads=16, lengths=[50, 0, 9], pool_rows=64, sink=np.inf)
+  out, lse = run(batch, 3)
+  assert np.all(out == 0)
+  assert np.all(lse == np.inf)
+
+
+@pytest.mark.parametrize("pattern", ["random", "unique", "reversed", "same", "last"])
+@pytest.mark.parametrize("num_kv_splits", [1, 5])
+def test_index_patterns(pattern, num_kv_splits):
+  rng = np.random.default_rng(11)
+  batch = make_batch(rng, num_heads=32, lengths=[64, 31, 0, 129], pool_rows=300,
+                     index_pattern=pattern, extra_indices=7, sink=-1.0)
+  out, lse = run(batch, num_kv_splits)
+  check_against_oracle(batch, out, lse)
+
+
+def test_trailing_indices_are_never_read():
+  rng = np.random.default_rng(5)
+  batch = make_batch(rng, num_heads=16, lengths=[20, 45], pool_rows=64)
+  clean = run(batch, 2)
+  batch.kv_indices = np.concatenate([batch.kv_indices, [-7, 2**30, 64]]).astype(np.int32)
+  poisoned = run(batch, 2)
+  np.testing.assert_array_equal(clean[0], poisoned[0])
+  np.testing.assert_array_equal(clean[1], poisoned[1])
+
+
+def test_eight_heads_run_padded_to_sixteen():
+  rng = np.random.default_rng(8)
+  batch = make_batch(rng, num_heads=8, lengths=[33, 0, 70], pool_rows=128, sink=0.5)
+  for num_kv_splits in (1, 3):
+    out, lse = run(batch, num_kv_splits)
+    assert out.shape == (3, 8, 512)
+    check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.parametrize("pattern", POISON_PATTERNS)
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+def test_padding_poison_leaves_results_bit_identical(pattern, num_kv_splits):
+  rng = np.random.default_rng(21)
+  batch = make_batch(rng, num_heads=16, lengths=[70, 0, 5, 40], tokens_per_seq=2, pool_rows=96,
+                     sink=0.25)
+  clean_out, clean_lse = run(batch, num_kv_splits)
+  check_against_oracle(batch, clean_out, clean_lse)
+  clean_q, clean_kv = batch.q, batch.kv
+  for target in ("q", "kv", "both"):
+    batch.q = poison_padding(clean_q, pattern, rng) if target in ("q", "both") else clean_q
+    batch.kv = poison_padding(clean_kv, pattern, rng) if target in ("kv", "both") else clean_kv
+    out, lse = run(batch, num_kv_splits)
+    assert np.isfinite(out).all(), f"{target}/{pattern}: non-finite output"
+    np.testing.assert_array_equal(out, clean_out, err_msg=f"{target}/{pattern}")
+    if lse is not None:
+      np.testing.assert_array_equal(lse, clean_lse, err_msg=f"{target}/{pattern}")
+
+
+def test_second_scale_copies_are_not_read():
+  """Only the first of each tile's two scale bytes counts: changing the second changes nothing."""
+  rng = np.random.default_rng(4)
+  batch = make_batch(rng, num_heads=16, lengths=[40, 7], pool_rows=64)
+  clean = run(batch, 2)
+  batch.q = batch.q.copy()
+  batch.kv = batch.kv.copy()
+  batch.q[..., 449:462:2] = 0xFF
+  batch.kv[..., 449:462:2] = 0xFF
+  out, lse = run(batch, 2)
+  np.testing.assert_array_equal(out, clean[0])
+  np.testing.assert_array_equal(lse, clean[1])
+
+
+def kernel_results(batch, num_kv_splits, fill=True):
+  """The raw primitive results (no merge)."""
+  b = len(batch.kv_indptr) - 1
+  seq = jnp.arange(b + 1, dtype=jnp.int32)
+
+  @jax.jit
+  def f(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink):
+    return split_kernel.split_decode_p.bind(
+        q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq * batch.tokens_per_seq,
+        seq * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=batch.tokens_per_seq,
+        backend="host", fill_unwritten_nan=fill)
+  return [np.asarray(r) for r in f(*batch.args()[:-1], sink_array(batch))]
+
+
+def test_unwritten_partials_are_nan_and_never_reach_the_result():
+  rng = np.random.default_rng(13)
+  num_kv_splits = 4
+  batch = make_batch(rng, num_heads=16, lengths=LENGTHS, pool_rows=200, sink=1.5)
+  partials, partial_lse, valid = kernel_results(batch, num_kv_splits)
+  lengths = np.diff(batch.kv_indptr)
+  tiles = -(-lengths // 32)
+  per_split = -(-tiles // num_kv_splits)
+  want_valid = np.where(tiles == 0, 0, -(-tiles // np.maximum(per_split, 1)))
+  np.testing.assert_array_equal(valid, want_valid)
+  assert list(valid) == [0, 1, 3, 2, 3, 1]  # 150 tokens = 5 tiles: 3 splits of 2, 2, 1 tiles
+  for b, count in enumerate(valid):
+    assert np.isnan(partials[b, count:]).all() and np.isnan(partial_lse[b, count:]).all()
+    assert np.isfinite(partials[b, :count]).all() and np.isfinite(partial_lse[b, :count]).all()
+  out, lse = run(batch, num_kv_splits)
+  assert np.isfinite(out).all() and np.isfinite(lse).all()
+  check_against_oracle(batch, out, lse)
+
+
+def test_single_split_leaves_empty_rows_unwritten_and_the_fixup_zeroes_them():
+  rng = np.random.default_rng(17)
+  batch = make_batch(rng, num_heads=16, lengths=[0, 12, 0], tokens_per_seq=2, pool_rows=32)
+  (raw,) = kernel_results(batch, 1)
+  raw = raw.astype(np.float32)
+  assert np.isnan(raw[[0, 1, 4, 5]]).all() and np.isfinite(raw[[2, 3]]).all()
+  out, _ = run(batch, 1)
+  assert np.all(out[[0, 1, 4, 5]] == 0)
+  check_against_oracle(batch, out, None)
+
+
+def test_same_result_without_nan_fill():
+  rng = np.random.default_rng(19)
+  batch = make_batch(rng, num_heads=64, lengths=[33, 0, 64], pool_rows=64, sink=0.0)
+  for num_kv_splits in (1, 3):
+    with_fill = run(batch, num_kv_splits, fill=True)
+    without = run(batch, num_kv_splits, fill=False)
+    np.testing.assert_array_equal(with_fill[0], without[0])
+
+
+@pytest.mark.parametrize("bad", ["index_high", "index_negative", "indptr_decreasing",
+                                 "indptr_past_end"])
+def test_bad_indices_are_reported_not_read(bad):
+  rng = np.random.default_rng(23)
+  batch = make_batch(rng, num_heads=16, lengths=[10, 20], pool_rows=32)
+  batch.kv_indices = batch.kv_indices.copy()
+  batch.kv_indptr = batch.kv_indptr.copy()
+  if bad == "index_high":
+    batch.kv_indices[13] = 32
+    match = r"kv_indices\[13\] = 32 is outside \[0, 32\)"
+  elif bad == "index_negative":
+    batch.kv_indices[2] = -1
+    match = r"kv_indices\[2\] = -1"
+  elif bad == "indptr_decreasing":
+    batch.kv_indptr[2] = 5
+    match = r"kv_indptr\[2\] = 5 < kv_indptr\[1\] = 10"
+  else:
+    batch.kv_indptr[2] = 31
+    match = r"kv_indptr\[2\] = 31 is outside \[0, 30\]"
+  with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+    run(batch, 2)
+
+
+def test_empty_batch():
+  rng = np.random.default_rng(0)
+  batch = make_batch(rng, num_heads=16, lengths=[], pool_rows=8)
+  out, lse = run(batch, 2)
+  assert out.shape == (0, 16, 512) and lse.shape == (0, 16)
+
+
+def test_both_empty_row_fixups_agree():
+  """The gfx950 path zeroes empty rows with a scatter, the host path with a select: same bits."""
+  rng = np.random.default_rng(29)
+  batch = make_batch(rng, num_heads=16, lengths=[0, 12, 0, 3], tokens_per_seq=4, pool_rows=32)
+  (raw,) = kernel_results(batch, 1)  # NaN in the unwritten rows
+  kv_indptr = jnp.asarray(batch.kv_indptr)
+  scatter = jax.jit(split_kernel.zero_empty_rows_scatter, static_argnums=2)(raw, kv_indptr, 4)
+  select = jax.jit(split_kernel.zero_empty_rows_select, static_argnums=2)(raw, kv_indptr, 4)
+  scatter = np.asarray(scatter.astype(jnp.float32))
+  np.testing.assert_array_equal(scatter, np.asarray(select.astype(jnp.float32)))
+  assert np.isfinite(scatter).all() and np.all(scatter[0:4] == 0) and np.all(scatter[8:12] == 0)
+
+
+@pytest.mark.parametrize("operand,bad,match", [
+    (6, np.zeros(17, np.float32), r"sink \(operand 6\) has dtype f32 dims \[17\]; expected f32 "
+                                  r"dims \[16\]"),
+    (0, None, r"q \(operand 0\) has dtype s8 .*expected u8"),
+    (8, np.arange(4, dtype=np.int32), r"split_indptr\[1\] = 1, expected 2"),
+    (7, np.array([0, 1, 2, 9], np.int32), r"qo_indptr\[3\] = 9 is outside \[0, 3\]"),
+])
+def test_handler_rechecks_operands(operand, bad, match):
+  """The C++ handler refuses what the Python side would never send (bind called directly)."""
+  rng = np.random.default_rng(31)
+  batch = make_batch(rng, num_heads=16, lengths=[3, 4, 5], pool_rows=16)
+  seq = np.arange(4, dtype=np.int32)
+  operands = list(batch.args()[:-1]) + [sink_array(batch), seq, seq * 2]
+  operands[operand] = batch.q.view(np.int8) if bad is None else bad
+  f = jax.jit(lambda *a: split_kernel.split_decode_p.bind(
+      *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True))
+  with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+    jax.block_until_ready(f(*operands))
