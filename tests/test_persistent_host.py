@@ -131,3 +131,19 @@ def test_out_of_range_kv_index_is_refused_naming_the_entry():
   batch.kv_indices[7] = -1
   with pytest.raises(jax.errors.JaxRuntimeError, match=r"kv_indices\[7\] = -1"):
     run(batch)
+
+
+@pytest.mark.parametrize("lengths", ["ragged", "tile_edges"])
+def test_agrees_with_the_split_host_path(lengths):
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  from compare import assert_close  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(99)
+  batch = make_batch(rng, num_heads=128, lengths=LENGTHS[lengths], pool_rows=400, sink=0.4)
+  out, lse, _ = run(batch, num_partitions=8)
+  split_out, split_lse = jax.jit(lambda *a: jax_mla.decode(*a, backend="host"))(*batch.args())
+  split_out = np.asarray(split_out.astype(np.float32))
+  scale = np.abs(split_out).max()
+  # Two different splits and merges: a couple of bf16 ulps apart, never more.
+  assert_close("out vs split", out, split_out, atol=scale * 2.0**-7, rtol=2.0**-8, cos_tol=1e-5)
+  assert_close("lse vs split", lse, np.asarray(split_lse), atol=1e-4 * max(1, np.abs(lse).max()),
+               rtol=1e-5, cos_tol=None)

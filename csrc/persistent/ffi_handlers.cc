@@ -16,15 +16,8 @@
 #include "persistent/plan.h"
 #include "xla/ffi/api/ffi.h"
 
-#if __has_include("hip/launcher.h")
+#include "hip/hip_api.h"
 #include "hip/launcher.h"
-#define JAX_MLA_HAVE_HIP_LAUNCHER 1
-#else
-// The HIP launcher lives on the split branch; until it is merged, the ROCm handler reports it.
-struct ihipStream_t;
-typedef ihipStream_t* hipStream_t;
-#define JAX_MLA_HAVE_HIP_LAUNCHER 0
-#endif
 
 namespace jax_mla {
 namespace {
@@ -74,6 +67,17 @@ ffi::Error CpuImpl(Operand q, Operand q_rope, Operand kv, Operand kv_rope, Opera
   }
 }
 
+// Loads the code object's module on the device before execution, outside any graph capture.
+ffi::Error RocmInitialize(std::int32_t device) {
+  try {
+    return ToFfiError(PrepareKernel(KernelId::kPersistentNmPs, device));
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  } catch (...) {
+    return Fail("unknown");
+  }
+}
+
 // No allocation, no synchronisation, no host reads of device memory: safe under graph capture.
 ffi::Error RocmImpl(hipStream_t stream, std::int32_t device, Operand q, Operand q_rope,
                     Operand kv, Operand kv_rope, Operand kv_indptr, Operand kv_indices,
@@ -92,12 +96,7 @@ ffi::Error RocmImpl(hipStream_t stream, std::int32_t device, Operand q, Operand 
     LaunchPlan plan;
     s = PlanPersistent(problem, &plan);
     if (!s.ok()) return ToFfiError(s);
-#if JAX_MLA_HAVE_HIP_LAUNCHER
     return ToFfiError(LaunchOnHip(plan, stream, device));
-#else
-    return ToFfiError(Status::Unavailable(
-        "jax_mla_persistent_decode_v1: this build has no HIP launcher (csrc/hip/launcher.h)"));
-#endif
   } catch (const std::exception& e) {
     return Fail(e.what());
   } catch (...) {
@@ -134,6 +133,10 @@ XLA_FFI_DEFINE_HANDLER(kPersistentCpu, CpuImpl,
                            .Attr<std::int32_t>("num_partitions")
                            .Attr<bool>("return_lse"));
 
+XLA_FFI_DEFINE_HANDLER(kPersistentRocmInitialize, RocmInitialize,
+                       ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
 XLA_FFI_DEFINE_HANDLER(kPersistentRocm, RocmImpl,
                        BindBuffers(ffi::Ffi::Bind()
                                        .Ctx<ffi::PlatformStream<hipStream_t>>()
@@ -145,6 +148,7 @@ XLA_FFI_DEFINE_HANDLER(kPersistentRocm, RocmImpl,
 }  // namespace
 
 XLA_FFI_Handler* PersistentDecodeCpuHandler() { return kPersistentCpu; }
+XLA_FFI_Handler* PersistentDecodeRocmInitializeHandler() { return kPersistentRocmInitialize; }
 XLA_FFI_Handler* PersistentDecodeRocmHandler() { return kPersistentRocm; }
 
 }  // namespace jax_mla

@@ -10,7 +10,9 @@ inline constexpr const char kPersistentTarget[] = "jax_mla_persistent_decode_v1"
 
 // cpu: plan + host executor. Attributes: fill_unwritten_nan, num_partitions, return_lse.
 XLA_FFI_Handler* PersistentDecodeCpuHandler();
-// ROCM: plan + LaunchOnHip. Attributes: num_partitions, return_lse.
+// ROCM: Initialize loads the nm_ps module on the device (PrepareKernel); execute plans and
+// launches through LaunchOnHip. Attributes: num_partitions, return_lse.
+XLA_FFI_Handler* PersistentDecodeRocmInitializeHandler();
 XLA_FFI_Handler* PersistentDecodeRocmHandler();
 
 }  // namespace jax_mla
