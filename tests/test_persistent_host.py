@@ -82,9 +82,11 @@ def test_per_head_sinks():
 @pytest.mark.parametrize("method", [True, "select", "scatter"])
 def test_kernel_leaves_empty_rows_unwritten_and_the_fixup_covers_exactly_them(method):
   rng = np.random.default_rng(8)
-  batch = make_batch(rng, num_heads=128, lengths=[0, 12, 0, 0, 90, 0], pool_rows=200, sink=1.5)
+  # Row 0 and the last row hold data: a sentinel or index off by one would hit them.
+  batch = make_batch(rng, num_heads=128, lengths=[7, 0, 12, 0, 0, 90, 0, 3], pool_rows=200,
+                     sink=1.5)
   empty = empty_rows(batch)
-  written = np.setdiff1d(np.arange(6), empty)
+  written = np.setdiff1d(np.arange(8), empty)
   raw_out, raw_lse, _ = run(batch, raw=True, fix_empty_rows=False, fill_unwritten_nan=True)
   assert np.isnan(raw_out[empty]).all() and np.isnan(raw_lse[empty]).all()
   assert np.isfinite(raw_out[written]).all() and np.isfinite(raw_lse[written]).all()
