@@ -190,3 +190,10 @@ def test_bad_backend_and_flags():
     decode_persistent(*args, ws, return_lse=1)
   with pytest.raises(NotImplementedError, match="backend='gfx950'.*cannot run on platform 'cpu'"):
     decode_persistent(*args, ws, backend="gfx950")
+
+
+def test_vmap_is_refused_with_a_reason():
+  args = [np.zeros((3,) + s.shape, s.dtype) for s in shapes(2)]
+  ws = make_workspace(8, 4)
+  with pytest.raises(NotImplementedError, match="does not support jax.vmap"):
+    jax.vmap(lambda *a: decode_persistent(*a, ws)[0])(*args)

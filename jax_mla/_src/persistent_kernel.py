@@ -2,8 +2,9 @@
 
 decode_persistent (checks every argument) -> primitive `jax_mla_persistent_decode` (static
 attributes) -> abstract eval -> lowering: "rocm" and "cpu" both call the FFI target
-`jax_mla_persistent_decode_v1`, registered per platform (ROCM: plan + HIP launch of the code
-object; cpu: plan + the host executor, which runs the same kernarg bytes on the CPU).
+`jax_mla_persistent_decode_v1`, registered per platform (ROCM: an Initialize stage that loads the
+code object's module, then plan + HIP launch, command-buffer compatible; cpu: plan + the host
+executor, which runs the same kernarg bytes on the CPU).
 
 FFI contract (operands, then results):
   q u8 [N,128,512], q_rope bf16 [N,128,64], kv u8 [R,512], kv_rope bf16 [R,64],
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import mlir, xla
+from jax.interpreters import batching, mlir, xla
 
 from jax_mla._src import ext
 from jax_mla._src import workspace as ws_lib
@@ -189,6 +190,16 @@ def _abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, l
 
 
 persistent_decode_p.def_abstract_eval(_abstract_eval)
+
+
+def _no_batching(*args, **kwargs):
+  raise NotImplementedError(
+      "decode_persistent does not support jax.vmap: its rows already are the batch (stack the "
+      "rows of all sequences into one call with N <= workspace.max_rows), and a workspace "
+      "serves one call at a time.")
+
+
+batching.primitive_batchers[persistent_decode_p] = _no_batching
 
 
 def _lowering(platform):
