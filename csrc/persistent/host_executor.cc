@@ -348,17 +348,34 @@ Status ExecutePersistentOnHost(const LaunchPlan& plan, const HostBounds& bounds,
   if (schedule.total_tiles == 0) threads = 1;
 
   std::atomic<std::uint32_t> next{0};
+  std::atomic<bool> failed{false};
   auto worker = [&] {
-    host::PieceScratch scratch;
-    for (std::uint32_t wg = next.fetch_add(1); wg < num_workgroups; wg = next.fetch_add(1)) {
-      workgroups.Run(wg, scratch);
+    try {  // an exception must not escape a thread (std::terminate) nor the FFI boundary
+      host::PieceScratch scratch;
+      for (std::uint32_t wg = next.fetch_add(1); wg < num_workgroups && !failed.load();
+           wg = next.fetch_add(1)) {
+        workgroups.Run(wg, scratch);
+      }
+    } catch (...) {
+      failed.store(true);
     }
   };
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (...) {
+      break;  // fewer threads: the calling thread's worker takes whatever is left
+    }
+  }
   worker();
   for (std::thread& t : pool) t.join();
+  if (failed.load()) {
+    return Status::Internal(std::string(kWho) +
+                            "a worker failed (out of memory?); the call did not complete and may "
+                            "leave the workspace counters set: call jax_mla.reset_workspace");
+  }
   return Status::Ok();
 }
 
