@@ -149,3 +149,29 @@ def test_agrees_with_the_split_host_path(lengths):
   assert_close("out vs split", out, split_out, atol=scale * 2.0**-7, rtol=2.0**-8, cos_tol=1e-5)
   assert_close("lse vs split", lse, np.asarray(split_lse), atol=1e-4 * max(1, np.abs(lse).max()),
                rtol=1e-5, cos_tol=None)
+
+
+def test_eager_call_without_jit():
+  from persistent_cases import inputs  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.persistent_kernel import decode_persistent  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.workspace import make_workspace  # pylint: disable=import-outside-toplevel
+  batch = make_batch(np.random.default_rng(31), num_heads=128, lengths=[3, 0, 50], pool_rows=60,
+                     sink=0.2)
+  out, lse, ws = decode_persistent(*inputs(batch), make_workspace(8, 3))
+  check_against_oracle(batch, np.asarray(out.astype(np.float32)), np.asarray(lse))
+  assert not np.asarray(ws.cnt).any()
+
+
+def test_zero_rows():
+  from jax_mla._src.persistent_kernel import decode_persistent  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.workspace import make_workspace  # pylint: disable=import-outside-toplevel
+  args = (np.zeros((0, 128, 512), np.uint8), np.zeros((0, 128, 64), jnp_bf16()),
+          np.zeros((4, 512), np.uint8), np.zeros((4, 64), jnp_bf16()), np.zeros((1,), np.int32),
+          np.zeros((0,), np.int32), np.zeros((128,), np.float32))
+  out, lse, _ = decode_persistent(*args, make_workspace(8, 4))
+  assert out.shape == (0, 128, 512) and lse.shape == (0, 128)
+
+
+def jnp_bf16():
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  return ml_dtypes.bfloat16
