@@ -2,10 +2,15 @@
 empty rows, sinks, return_lse, and the workspace counters after every call."""
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 
-from persistent_cases import check_against_oracle, empty_rows, run
+import jax_mla
+from compare import assert_close
+from jax_mla._src.persistent_kernel import decode_persistent
+from jax_mla._src.workspace import make_workspace
+from persistent_cases import check_against_oracle, empty_rows, inputs, run
 from rows import POISON_PATTERNS, make_batch, poison_padding
 
 LENGTHS = {
@@ -137,8 +142,6 @@ def test_out_of_range_kv_index_is_refused_naming_the_entry():
 
 @pytest.mark.parametrize("lengths", ["ragged", "tile_edges"])
 def test_agrees_with_the_split_host_path(lengths):
-  import jax_mla  # pylint: disable=import-outside-toplevel
-  from compare import assert_close  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(99)
   batch = make_batch(rng, num_heads=128, lengths=LENGTHS[lengths], pool_rows=400, sink=0.4)
   out, lse, _ = run(batch, num_partitions=8)
@@ -152,9 +155,6 @@ def test_agrees_with_the_split_host_path(lengths):
 
 
 def test_eager_call_without_jit():
-  from persistent_cases import inputs  # pylint: disable=import-outside-toplevel
-  from jax_mla._src.persistent_kernel import decode_persistent  # pylint: disable=import-outside-toplevel
-  from jax_mla._src.workspace import make_workspace  # pylint: disable=import-outside-toplevel
   batch = make_batch(np.random.default_rng(31), num_heads=128, lengths=[3, 0, 50], pool_rows=60,
                      sink=0.2)
   out, lse, ws = decode_persistent(*inputs(batch), make_workspace(8, 3))
@@ -163,15 +163,8 @@ def test_eager_call_without_jit():
 
 
 def test_zero_rows():
-  from jax_mla._src.persistent_kernel import decode_persistent  # pylint: disable=import-outside-toplevel
-  from jax_mla._src.workspace import make_workspace  # pylint: disable=import-outside-toplevel
-  args = (np.zeros((0, 128, 512), np.uint8), np.zeros((0, 128, 64), jnp_bf16()),
-          np.zeros((4, 512), np.uint8), np.zeros((4, 64), jnp_bf16()), np.zeros((1,), np.int32),
+  args = (np.zeros((0, 128, 512), np.uint8), np.zeros((0, 128, 64), ml_dtypes.bfloat16),
+          np.zeros((4, 512), np.uint8), np.zeros((4, 64), ml_dtypes.bfloat16), np.zeros((1,), np.int32),
           np.zeros((0,), np.int32), np.zeros((128,), np.float32))
   out, lse, _ = decode_persistent(*args, make_workspace(8, 4))
   assert out.shape == (0, 128, 512) and lse.shape == (0, 128)
-
-
-def jnp_bf16():
-  import ml_dtypes  # pylint: disable=import-outside-toplevel
-  return ml_dtypes.bfloat16
