@@ -88,7 +88,7 @@ class ElfHeader:
 
 @dataclasses.dataclass(frozen=True)
 class KernelMetadata:
-  """One entry of the note's `amdhsa.kernels`. Fields are as decoded (None when absent), unchecked."""
+  """One entry of the note's `amdhsa.kernels`, as decoded: None when absent, types unchecked."""
   name: Any
   symbol: Any
   kernarg_segment_size: Any

@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -310,23 +311,23 @@ def _aiter_roots() -> list[tuple[Path, str]]:
   return unique
 
 
-def _search_steps(entry: manifest_lib.KernelEntry) -> list[tuple[Source, Path | None, str]]:
-  """(source, directory or None, description) for each place to look, in search order."""
-  steps: list[tuple[Source, Path | None, str]] = []
+def _search_steps(entry: manifest_lib.KernelEntry) -> Iterator[tuple[Source, Path | None, str]]:
+  """Yields (source, directory or None, description) for each place to look, in search order.
+
+  Lazy, so a hit in an early location skips the scan for aiter.
+  """
   set_dir = _code_object_dir
-  steps.append(("set_code_object_dir", set_dir,
-                "not set" if set_dir is None else str(set_dir)))
+  yield ("set_code_object_dir", set_dir, "not set" if set_dir is None else str(set_dir))
   env_value = os.environ.get(ENV_VAR, "")
   env_dir = Path(env_value).expanduser() if env_value else None
-  steps.append((ENV_VAR, env_dir, "not set" if env_dir is None else str(env_dir)))
+  yield (ENV_VAR, env_dir, "not set" if env_dir is None else str(env_dir))
   roots = _aiter_roots()
   if not roots:
-    steps.append(("aiter", None, "no aiter package or aiter_meta found on sys.path "
-                  f"(find_spec('aiter'), find_spec('aiter_meta'), distributions "
-                  f"{list(_AITER_DISTRIBUTIONS)})"))
+    yield ("aiter", None, "no aiter package or aiter_meta found on sys.path "
+           f"(find_spec('aiter'), find_spec('aiter_meta'), distributions "
+           f"{list(_AITER_DISTRIBUTIONS)})")
   for root, how in roots:
-    steps.append(("aiter", root / entry.aiter_subdir, how))
-  return steps
+    yield ("aiter", root / entry.aiter_subdir, how)
 
 
 def find_code_object(kernel_id: str) -> FoundCodeObject:
