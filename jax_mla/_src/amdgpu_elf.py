@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -171,7 +171,7 @@ def _align4(n: int) -> int:
   return (n + 3) & ~3
 
 
-def _notes(data: bytes):
+def _notes(data: bytes) -> Iterator[tuple[bytes, int, bytes]]:
   """Yields (name, type, desc) of each note record in a SHT_NOTE section's bytes."""
   offset = 0
   while offset < len(data):
