@@ -1,0 +1,30 @@
+"""jax_mla: DeepSeek-V4 fp8 MLA decode for JAX.
+
+Public API (everything else lives in private modules under jax_mla._src):
+
+- `decode`: the split-plus-merge decode (AMD's "nm" kernel on gfx950, the host backend on CPU,
+  the pure-JAX reference anywhere).
+- `pack_rows` / `unpack_rows`: the packed fp8 row format of Q and the KV cache;
+  `to_flashmla` / `from_flashmla`: FlashMLA's MODEL1_FP8Sparse byte order.
+- `update_cache`, `ragged_from_topk`: per-step cache and index helpers.
+- `jax_mla.plan.num_kv_splits`: the split planner.
+- `set_code_object_dir`: where to find AMD's gfx950 code objects (see docs/code_objects.md).
+"""
+
+from jax_mla._src.cache import ragged_from_topk, update_cache
+from jax_mla._src.code_objects import set_code_object_dir
+from jax_mla._src.decode import decode
+from jax_mla._src.layout import from_flashmla, pack_rows, to_flashmla, unpack_rows
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "decode",
+    "from_flashmla",
+    "pack_rows",
+    "ragged_from_topk",
+    "set_code_object_dir",
+    "to_flashmla",
+    "unpack_rows",
+    "update_cache",
+]

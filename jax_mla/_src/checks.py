@@ -1,0 +1,118 @@
+"""Argument checks for the public decode functions: every check runs before any work.
+
+Each failure raises ValueError (bad shape or value) or TypeError (bad dtype or type) whose
+message names the argument, what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mla._src import layout
+
+# (gqa = heads, tokens_per_seq) pairs the gfx950 "nm" code object serves (KERNELS.md section 3).
+SPLIT_KERNEL_PAIRS = ((16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1))
+# Head counts served by padding to a supported count (the result is sliced back).
+PADDED_HEADS = {8: 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeDims:
+  num_tokens: int  # T
+  num_heads: int  # H
+  num_kv_rows: int  # R
+  num_seqs: int  # B
+  num_indices: int  # L
+  tokens_per_seq: int
+
+
+def _shape(x) -> tuple:
+  return tuple(int(d) for d in x.shape)
+
+
+def check_array(name: str, x, *, ndim: int, dtype, last: int | None = None) -> None:
+  if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+    raise TypeError(f"{name} must be an array (jax or numpy); got {type(x).__name__}")
+  if len(x.shape) != ndim:
+    raise ValueError(f"{name} must have rank {ndim}; got shape {_shape(x)}")
+  if jnp.dtype(x.dtype) != jnp.dtype(dtype):
+    raise TypeError(f"{name} must have dtype {jnp.dtype(dtype)}; got {jnp.dtype(x.dtype)}")
+  if last is not None and x.shape[-1] != last:
+    raise ValueError(f"{name} must have a last dimension of {last}; got shape {_shape(x)}")
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
+  if value is None and allow_none:
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be a positive int{' or None' if allow_none else ''}; "
+                    f"got {value!r} of type {type(value).__name__}")
+  if value < 1:
+    raise ValueError(f"{name} must be a positive int; got {value}")
+
+
+def check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *,
+                      tokens_per_seq, num_kv_splits) -> DecodeDims:
+  """Checks the arguments of `jax_mla.decode`; returns the problem's dimensions."""
+  check_positive_int("tokens_per_seq", tokens_per_seq)
+  check_positive_int("num_kv_splits", num_kv_splits, allow_none=True)
+  check_array("q", q, ndim=3, dtype=jnp.uint8, last=layout.ROW_BYTES)
+  num_tokens, num_heads = _shape(q)[:2]
+  if num_heads < 1:
+    raise ValueError(f"q must have at least one head; got shape {_shape(q)}")
+  check_array("q_rope", q_rope, ndim=3, dtype=jnp.bfloat16, last=layout.ROPE_DIM)
+  if _shape(q_rope)[:2] != (num_tokens, num_heads):
+    raise ValueError(f"q_rope must have shape {(num_tokens, num_heads, layout.ROPE_DIM)} "
+                     f"(q is {_shape(q)}); got {_shape(q_rope)}")
+  check_array("kv", kv, ndim=2, dtype=jnp.uint8, last=layout.ROW_BYTES)
+  num_kv_rows = _shape(kv)[0]
+  if num_kv_rows < 1:
+    raise ValueError(f"kv must hold at least one row; got shape {_shape(kv)}")
+  check_array("kv_rope", kv_rope, ndim=2, dtype=jnp.bfloat16, last=layout.ROPE_DIM)
+  if _shape(kv_rope)[0] != num_kv_rows:
+    raise ValueError(f"kv_rope must have shape {(num_kv_rows, layout.ROPE_DIM)} (kv is "
+                     f"{_shape(kv)}); got {_shape(kv_rope)}")
+  check_array("kv_indptr", kv_indptr, ndim=1, dtype=jnp.int32)
+  num_seqs = _shape(kv_indptr)[0] - 1
+  if num_seqs < 1:
+    raise ValueError(f"kv_indptr must have num_seqs + 1 >= 2 entries; got shape "
+                     f"{_shape(kv_indptr)}")
+  check_array("kv_indices", kv_indices, ndim=1, dtype=jnp.int32)
+  if num_tokens != num_seqs * tokens_per_seq:
+    raise ValueError(
+        f"q must have num_seqs * tokens_per_seq = {num_seqs} * {tokens_per_seq} = "
+        f"{num_seqs * tokens_per_seq} rows (num_seqs = len(kv_indptr) - 1); got {num_tokens}")
+  if sink is not None:
+    check_array("sink", sink, ndim=1, dtype=jnp.float32)
+    if _shape(sink) != (num_heads,):
+      raise ValueError(f"sink must have shape ({num_heads},) (one logit per head); got "
+                       f"{_shape(sink)}")
+  return DecodeDims(num_tokens, num_heads, num_kv_rows, num_seqs, _shape(kv_indices)[0],
+                    tokens_per_seq)
+
+
+def supported_kernel_pairs() -> tuple:
+  """Every (heads, tokens_per_seq) the split kernel backends accept, padding included."""
+  padded = tuple((h, m) for h, target in PADDED_HEADS.items()
+                 for (g, m) in SPLIT_KERNEL_PAIRS if g == target)
+  return tuple(sorted(SPLIT_KERNEL_PAIRS + padded))
+
+
+def check_kernel_support(num_heads: int, tokens_per_seq: int, backend: str) -> None:
+  """Raises ValueError unless the split kernel (directly or by padding heads) serves the shape."""
+  if (num_heads, tokens_per_seq) not in supported_kernel_pairs():
+    pairs = ", ".join(f"({h}, {m})" for h, m in supported_kernel_pairs())
+    raise ValueError(
+        f"backend={backend!r} serves (num_heads, tokens_per_seq) in {{{pairs}}}; got "
+        f"({num_heads}, {tokens_per_seq}). backend='reference' serves any shape.")
+
+
+def as_sink(sink, num_heads: int):
+  """The sink operand the kernels need: f32 [H], -inf meaning "no sink"."""
+  if sink is None:
+    return jnp.full((num_heads,), -np.inf, jnp.float32)
+  return jnp.asarray(sink, jnp.float32)

@@ -1,0 +1,58 @@
+"""`jax_mla.decode`: argument checks, backend choice, then the reference or a kernel backend."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_mla._src import backends, checks
+from jax_mla._src.reference import reference_decode
+
+
+def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_per_seq: int = 1,
+           num_kv_splits: int | None = None, backend: str = "auto", return_lse: bool = True):
+  """DeepSeek-V4 fp8 MLA decode attention over packed rows (the split-plus-merge path).
+
+  Args:
+    q: uint8 `[T, H, 512]` packed query rows (`jax_mla.pack_rows`), `T = num_seqs *
+      tokens_per_seq`; the tokens of a sequence are consecutive.
+    q_rope: bf16 `[T, H, 64]`.
+    kv: uint8 `[R, 512]` packed KV pool.
+    kv_rope: bf16 `[R, 64]`.
+    kv_indptr: int32 `[num_seqs + 1]`; sequence b attends to
+      `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]` (token-level rows of the pool, page size 1).
+    kv_indices: int32 `[L]`, at least `kv_indptr[-1]` entries; entries past it are never read.
+    sink: optional f32 `[H]` attention-sink logits (join the softmax denominator only); `-inf`
+      means no sink for that head, `+inf` gives an all-zero output.
+    tokens_per_seq: query tokens per sequence (MTP); all attend to the same KV list.
+    num_kv_splits: KV splits of the kernel backends; None picks one from the static shapes
+      (`jax_mla.plan.num_kv_splits`). The reference ignores it (it does not split).
+    backend: "auto", "gfx950", "host" or "reference" (see the README's backend table).
+    return_lse: whether to return the LSE. The split kernel at one split writes bf16 directly and
+      no LSE, so with `return_lse=True` kernel backends run at least 2 splits.
+
+  Returns:
+    `(out, lse)`: bf16 `[T, H, 512]` and f32 `[T, H]`, the natural log of the softmax
+    denominator with the sink included (None when `return_lse=False`). A sequence without KV
+    entries gives `out = 0` and `lse = sink` (`-inf` without one). The softmax scale is the
+    kernels' fixed 1/sqrt(512).
+  """
+  checks.check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                           tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits)
+  if not isinstance(return_lse, bool):
+    raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+  backend = backends.resolve(backend)
+  num_heads = q.shape[1]
+  if backend != "reference":
+    checks.check_kernel_support(num_heads, tokens_per_seq, backend)
+  args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices)]
+  sink = checks.as_sink(sink, num_heads)
+  if backend == "reference":
+    out, lse = reference_decode(*args, sink, tokens_per_seq=tokens_per_seq)
+    return out, (lse if return_lse else None)
+  from jax_mla._src import split_kernel  # pylint: disable=import-outside-toplevel
+  if backend == "gfx950":
+    from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
+    gfx950.prepare("mla_v4_nm")
+  return split_kernel.split_decode(*args, sink, tokens_per_seq=tokens_per_seq,
+                                   num_kv_splits=num_kv_splits, backend=backend,
+                                   return_lse=return_lse)
