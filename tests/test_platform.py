@@ -8,10 +8,16 @@ from jax_mla._src import backends, platform
 
 
 @dataclasses.dataclass
+class FakeClient:
+  platform_version: str
+
+
+@dataclasses.dataclass
 class FakeDevice:
   platform: str
   device_kind: str = ""
   compute_capability: str | None = None
+  client: FakeClient | None = None
 
 
 @pytest.mark.parametrize("device,arch", [
@@ -23,6 +29,10 @@ class FakeDevice:
     (FakeDevice("rocm"), None),
     (FakeDevice("cuda", "NVIDIA H200", "9.0"), None),
     (FakeDevice("cpu", "cpu"), None),
+    # Some JAX versions call every GPU's platform "gpu"; the client says which runtime.
+    (FakeDevice("gpu", "AMD Instinct MI355X", "gfx950", FakeClient("rocm 7.1.0")), "gfx950"),
+    (FakeDevice("gpu", "NVIDIA H200", "9.0", FakeClient("cuda 13000")), None),
+    (FakeDevice("gpu", "mystery", "gfx950", FakeClient("")), None),
 ])
 def test_device_arch(device, arch):
   assert platform.device_arch(device) == arch

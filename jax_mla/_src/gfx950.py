@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import threading
 
-import jax
-
-from jax_mla._src import code_objects, ext
+from jax_mla._src import code_objects, ext, platform
 
 _lock = threading.Lock()
 _registered: set[str] = set()
@@ -23,7 +21,7 @@ def prepare(kernel_id: str) -> None:
   Raises code_objects.CodeObjectError (naming every place searched, or the failed check) when
   no usable code object exists.
   """
-  if jax.default_backend() != "rocm":
+  if not platform.default_device_is_rocm():
     return
   with _lock:
     if kernel_id in _registered:
