@@ -8,9 +8,11 @@ Public API (everything else lives in private modules under jax_mla._src):
   `to_flashmla` / `from_flashmla`: FlashMLA's MODEL1_FP8Sparse byte order.
 - `update_cache`, `ragged_from_topk`: per-step cache and index helpers.
 - `jax_mla.plan.num_kv_splits`: the split planner.
+- `set_code_object_dir`: where to find AMD's gfx950 code objects (see docs/code_objects.md).
 """
 
 from jax_mla._src.cache import ragged_from_topk, update_cache
+from jax_mla._src.code_objects import set_code_object_dir
 from jax_mla._src.decode import decode
 from jax_mla._src.layout import from_flashmla, pack_rows, to_flashmla, unpack_rows
 
@@ -21,6 +23,7 @@ __all__ = [
     "from_flashmla",
     "pack_rows",
     "ragged_from_topk",
+    "set_code_object_dir",
     "to_flashmla",
     "unpack_rows",
     "update_cache",

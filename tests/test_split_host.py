@@ -258,3 +258,13 @@ def test_handler_rechecks_operands(operand, bad, match):
       *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True))
   with pytest.raises(jax.errors.JaxRuntimeError, match=match):
     jax.block_until_ready(f(*operands))
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_all_sequences_empty_with_no_indices(num_kv_splits):
+  rng = np.random.default_rng(37)
+  batch = make_batch(rng, num_heads=16, lengths=[0, 0, 0], pool_rows=4, sink=0.5)
+  assert batch.kv_indices.shape == (0,)
+  out, lse = run(batch, num_kv_splits)
+  assert np.all(out == 0)
+  check_against_oracle(batch, out, lse)

@@ -57,8 +57,14 @@ Status CheckBuffer(const ffi::AnyBuffer& buffer, const char* name, ffi::DataType
                                  "; expected " + DtypeName(dtype) + " dims " + want + "]");
 }
 
+// A zero-element buffer may come with a null address (e.g. no KV indices when every sequence is
+// empty); the plan refuses null, and such a buffer is never read, so it gets a dummy address.
+alignas(64) const std::uint8_t kNeverRead[64] = {};
+
 std::uint64_t Address(const ffi::AnyBuffer& b) {
-  return reinterpret_cast<std::uintptr_t>(b.untyped_data());
+  const void* data = b.untyped_data();
+  if (data == nullptr && b.element_count() == 0) data = kNeverRead;
+  return reinterpret_cast<std::uintptr_t>(data);
 }
 
 struct Operands {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -369,7 +370,11 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const HostBounds& bounds,
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  try {
+    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  } catch (const std::system_error&) {
+    // No more threads available: the ones started and this one share the remaining work.
+  }
   worker();
   for (std::thread& t : pool) t.join();
   return Status::Ok();

@@ -27,7 +27,7 @@ def gfx950_available() -> tuple[bool, str]:
   """Whether the default device is a gfx950 whose code objects are found and verify."""
   devices = jax.devices()
   device = devices[0]
-  if device.platform != "rocm":
+  if platform.gpu_vendor(device) != "rocm":
     return False, f"the default device is {device.platform}, not a ROCm GPU"
   if not platform.is_gfx950(device):
     return False, (f"the ROCm device {getattr(device, 'device_kind', device)!r} is not "

@@ -50,6 +50,9 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     out, lse = reference_decode(*args, sink, tokens_per_seq=tokens_per_seq)
     return out, (lse if return_lse else None)
   from jax_mla._src import split_kernel  # pylint: disable=import-outside-toplevel
+  if backend == "gfx950":
+    from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
+    gfx950.prepare("mla_v4_nm")
   return split_kernel.split_decode(*args, sink, tokens_per_seq=tokens_per_seq,
                                    num_kv_splits=num_kv_splits, backend=backend,
                                    return_lse=return_lse)

@@ -22,8 +22,8 @@ def run(argv=None) -> int:
   print("code objects:")
   try:
     from jax_mla._src import code_objects  # pylint: disable=import-outside-toplevel
-    for line in code_objects.describe_all():
-      print(f"  {line}")
+    for discovery in code_objects.discover_all():
+      print(f"  {discovery.describe()}")
   except ImportError as e:
     print(f"  (code-object discovery unavailable: {e})")
   chosen, reason = backends.explain_auto()

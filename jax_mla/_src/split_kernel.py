@@ -68,6 +68,13 @@ def _split_decode_abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, s
 _ffi_rule = jax.ffi.ffi_lowering(TARGET)
 
 
+def _rocm_backend_present() -> bool:
+  try:
+    return bool(jax.devices("rocm"))
+  except RuntimeError:  # no ROCm backend in this process (e.g. exporting from a CPU machine)
+    return False
+
+
 def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
   if backend != "gfx950":
     raise ValueError(f"backend={backend!r} cannot run on rocm: the rocm lowering of "
@@ -75,6 +82,10 @@ def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unw
   if fill_unwritten_nan:
     raise ValueError("fill_unwritten_nan is a host-backend test option; the gfx950 kernel "
                      "cannot fill what it does not write")
+  # The ROCM handler must be registered before XLA compiles the call; exporting for rocm from a
+  # machine without ROCm needs neither the extension nor a registration.
+  if _rocm_backend_present():
+    ext.ensure_registered()
   return _ffi_rule(ctx, *operands, num_kv_splits=np.int32(num_kv_splits),
                    tokens_per_seq=np.int32(tokens_per_seq))
 
