@@ -168,3 +168,15 @@ def test_zero_rows():
           np.zeros((0,), np.int32), np.zeros((128,), np.float32))
   out, lse, _ = decode_persistent(*args, make_workspace(8, 4))
   assert out.shape == (0, 128, 512) and lse.shape == (0, 128)
+
+
+def test_all_rows_empty_with_no_indices_and_no_kv_rows():
+  # Zero-element kv_indices / kv / kv_rope may arrive with null addresses.
+  n = 3
+  args = (np.zeros((n, 128, 512), np.uint8), np.zeros((n, 128, 64), ml_dtypes.bfloat16),
+          np.zeros((0, 512), np.uint8), np.zeros((0, 64), ml_dtypes.bfloat16),
+          np.zeros((n + 1,), np.int32), np.zeros((0,), np.int32),
+          np.full((128,), 0.5, np.float32))
+  out, lse, ws = jax.jit(lambda ws, *a: decode_persistent(*a, ws))(make_workspace(8, n), *args)
+  assert (np.asarray(out.astype(np.float32)) == 0).all() and (np.asarray(lse) == 0.5).all()
+  assert not np.asarray(ws.cnt).any()

@@ -54,6 +54,7 @@ ffi::Error CpuImpl(Operand q, Operand q_rope, Operand kv, Operand kv_rope, Opera
     HostBounds bounds;
     Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
+    if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch
     LaunchPlan plan;
     s = PlanPersistent(problem, &plan);
     if (!s.ok()) return ToFfiError(s);
@@ -93,6 +94,7 @@ ffi::Error RocmImpl(hipStream_t stream, std::int32_t device, Operand q, Operand 
     HostBounds bounds;  // shapes only; device memory is never read here
     Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
+    if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch
     LaunchPlan plan;
     s = PlanPersistent(problem, &plan);
     if (!s.ok()) return ToFfiError(s);

@@ -35,7 +35,15 @@ Status CheckBuffer(const ffi::AnyBuffer& buffer, ffi::DataType dtype,
       std::to_string(static_cast<int>(buffer.element_type())) + " shape " + DimsToString(dims));
 }
 
+// XLA may hand a zero-element buffer (no kv_indices when every row is empty, an empty kv pool)
+// a null address; the plan refuses nulls, so such a buffer gets a dummy that is never read
+// (its bounds say 0 entries).
+const std::uint64_t kNeverRead[2] = {0, 0};
+
 std::uint64_t Address(const ffi::AnyBuffer& b) {
+  if (b.untyped_data() == nullptr && b.element_count() == 0) {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(kNeverRead));
+  }
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(b.untyped_data()));
 }
 

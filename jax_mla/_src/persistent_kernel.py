@@ -77,6 +77,9 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   if n == 0:
     lse = jnp.zeros((0, ws_lib.NUM_HEADS), jnp.float32) if return_lse else None
     return jnp.zeros((0, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16), lse, workspace
+  if backend == "gfx950":  # hand the verified nm_ps code object to the launcher (ROCm only)
+    from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
+    gfx950.prepare("mla_v4_nm_ps")
   results = persistent_decode_p.bind(
       q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
       *(getattr(workspace, f) for f in _WORKSPACE_FIELDS),
