@@ -39,37 +39,50 @@ inline void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
 
 namespace {
 
-// scores[h][0..32) = q[h] . k_t[:, j] for two heads at a time: the 32 tokens of a tile are the
-// SIMD lanes, so no sum is reassociated and the kv loads serve both heads.
-JAX_MLA_HOT_CLONES void TileScores(const float* q, const float* k_t, float* scores) {
+// Sum of the 8 lanes, in a fixed order.
+inline float LaneSum(V8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// scores[h][j] = q[h] . k[j] for 2 heads x 4 tokens at a time: 8 independent 8-lane partial sums
+// over the 512 dims, then a fixed-order lane sum, so results do not depend on threads or calls.
+// K is read row-major as dequantized (no transpose); each K load serves both heads.
+JAX_MLA_HOT_CLONES void TileScores(const float* q, const float* k, int n, float* scores) {
   for (int h = 0; h < kHeadsPerWorkgroup; h += 2) {
     const float* qa = q + static_cast<std::size_t>(h) * kHeadDim;
     const float* qb = qa + kHeadDim;
-    V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-    for (int d = 0; d < kHeadDim; ++d) {
-      const float* kt = k_t + static_cast<std::size_t>(kTileTokens) * d;
-      const V8 k0 = Load(kt), k1 = Load(kt + 8), k2 = Load(kt + 16), k3 = Load(kt + 24);
-      const float x = qa[d], y = qb[d];
-      a0 += x * k0; a1 += x * k1; a2 += x * k2; a3 += x * k3;
-      b0 += y * k0; b1 += y * k1; b2 += y * k2; b3 += y * k3;
-    }
     float* sa = scores + static_cast<std::size_t>(h) * kTileTokens;
     float* sb = sa + kTileTokens;
-    Store(sa, a0); Store(sa + 8, a1); Store(sa + 16, a2); Store(sa + 24, a3);
-    Store(sb, b0); Store(sb + 8, b1); Store(sb + 16, b2); Store(sb + 24, b3);
+    for (int j = 0; j < n; j += 4) {
+      // Rows past n are zero-filled by the caller, so 4 rows can always be read.
+      const float* k0 = k + static_cast<std::size_t>(kHeadDim) * j;
+      const float* k1 = k0 + kHeadDim;
+      const float* k2 = k1 + kHeadDim;
+      const float* k3 = k2 + kHeadDim;
+      V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+      for (int d = 0; d < kHeadDim; d += 8) {
+        const V8 x = Load(qa + d), y = Load(qb + d);
+        const V8 r0 = Load(k0 + d), r1 = Load(k1 + d), r2 = Load(k2 + d), r3 = Load(k3 + d);
+        a0 += x * r0; a1 += x * r1; a2 += x * r2; a3 += x * r3;
+        b0 += y * r0; b1 += y * r1; b2 += y * r2; b3 += y * r3;
+      }
+      sa[j] = LaneSum(a0); sa[j + 1] = LaneSum(a1); sa[j + 2] = LaneSum(a2); sa[j + 3] = LaneSum(a3);
+      sb[j] = LaneSum(b0); sb[j + 1] = LaneSum(b1); sb[j + 2] = LaneSum(b2); sb[j + 3] = LaneSum(b3);
+    }
   }
 }
 
-// acc[h] = acc[h] * correction[h] + sum_j p[h][j] * k[j], two heads and 32 dims at a time.
+// acc[h] = acc[h] * correction[h] + sum_j p[h][j] * k[j], two heads and 32 dims at a time; the
+// dim block is the outer loop so its slice of K stays in L1 across all head pairs.
 JAX_MLA_HOT_CLONES void TileAccumulate(const float* p, const float* correction, const float* k,
                                        int n, float* acc) {
-  for (int h = 0; h < kHeadsPerWorkgroup; h += 2) {
-    float* acc_a = acc + static_cast<std::size_t>(h) * kHeadDim;
-    float* acc_b = acc_a + kHeadDim;
-    const float* pa = p + static_cast<std::size_t>(h) * kTileTokens;
-    const float* pb = pa + kTileTokens;
-    const float ca = correction[h], cb = correction[h + 1];
-    for (int d = 0; d < kHeadDim; d += 32) {
+  for (int d = 0; d < kHeadDim; d += 32) {
+    for (int h = 0; h < kHeadsPerWorkgroup; h += 2) {
+      float* acc_a = acc + static_cast<std::size_t>(h) * kHeadDim;
+      float* acc_b = acc_a + kHeadDim;
+      const float* pa = p + static_cast<std::size_t>(h) * kTileTokens;
+      const float* pb = pa + kTileTokens;
+      const float ca = correction[h], cb = correction[h + 1];
       V8 a0 = ca * Load(acc_a + d), a1 = ca * Load(acc_a + d + 8);
       V8 a2 = ca * Load(acc_a + d + 16), a3 = ca * Load(acc_a + d + 24);
       V8 b0 = cb * Load(acc_b + d), b1 = cb * Load(acc_b + d + 8);
@@ -110,13 +123,11 @@ void AttendPiece(const PieceInputs& in, PieceScratch& s) {
                     in.kv_rope + static_cast<std::size_t>(row) * kRopeDim,
                     s.k.data() + std::size_t{kHeadDim} * j);
     }
-    // Transposed copy for the score loop; tokens past n are zero and masked below.
-    for (int d = 0; d < kHeadDim; ++d) {
-      float* kt = s.k_t.data() + std::size_t{kTileTokens} * d;
-      for (int j = 0; j < n; ++j) kt[j] = s.k[std::size_t{kHeadDim} * j + d];
-      for (int j = n; j < kTileTokens; ++j) kt[j] = 0.0f;
+    // Zero rows up to the next multiple of 4, which the score loop reads (and masks below).
+    for (int j = n; j < ((n + 3) & ~3); ++j) {
+      std::fill_n(s.k.data() + std::size_t{kHeadDim} * j, kHeadDim, 0.0f);
     }
-    TileScores(s.q.data(), s.k_t.data(), s.scores.data());
+    TileScores(s.q.data(), s.k.data(), n, s.scores.data());
     // Online softmax per head; scores become the unnormalised probabilities in place.
     for (int h = 0; h < kHeadsPerWorkgroup; ++h) {
       float* row = s.scores.data() + std::size_t{kTileTokens} * h;

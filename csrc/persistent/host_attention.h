@@ -25,7 +25,6 @@ void DequantizeRow(const std::uint8_t* packed, const std::uint16_t* rope, float*
 struct PieceScratch {
   std::vector<float> q = std::vector<float>(kHeadsPerWorkgroup * kHeadDim);
   std::vector<float> k = std::vector<float>(kTileTokens * kHeadDim);     // [token][dim]
-  std::vector<float> k_t = std::vector<float>(kHeadDim * kTileTokens);   // [dim][token]
   std::vector<float> scores = std::vector<float>(kHeadsPerWorkgroup * kTileTokens);
   std::vector<float> acc = std::vector<float>(kHeadsPerWorkgroup * kHeadDim);
   std::vector<double> lse2 = std::vector<double>(kHeadsPerWorkgroup);
