@@ -180,3 +180,26 @@ def test_all_rows_empty_with_no_indices_and_no_kv_rows():
   out, lse, ws = jax.jit(lambda ws, *a: decode_persistent(*a, ws))(make_workspace(8, n), *args)
   assert (np.asarray(out.astype(np.float32)) == 0).all() and (np.asarray(lse) == 0.5).all()
   assert not np.asarray(ws.cnt).any()
+
+
+def test_second_copy_of_each_scale_byte_is_never_read():
+  batch = make_batch(np.random.default_rng(40), num_heads=128, lengths=[9, 70, 0], pool_rows=90,
+                     sink=0.1)
+  clean_out, clean_lse, _ = run(batch)
+  for packed in (batch.q, batch.kv):
+    packed[..., 449:462:2] = 0xFF  # the duplicates s0 s0 s1 s1 ...: e8m0 NaN if read
+  out, lse, _ = run(batch)
+  np.testing.assert_array_equal(out, clean_out)
+  np.testing.assert_array_equal(lse, clean_lse)
+
+
+def test_nan_scale_in_a_used_row_gives_nan_only_where_it_is_used():
+  batch = make_batch(np.random.default_rng(41), num_heads=128, lengths=[5, 5, 0], pool_rows=40,
+                     index_pattern="unique", sink=0.1)
+  used_by_row1 = batch.kv_indices[5:10]
+  unused = np.setdiff1d(np.arange(40), batch.kv_indices[:10])
+  batch.kv[used_by_row1[2], 448:450] = 0xFF  # tile 0's scale of a row only row 1 uses
+  batch.kv[unused, 448:462] = 0xFF  # pool rows nobody points at: must never be read
+  out, lse, _ = run(batch)
+  check_against_oracle(batch, out, lse)  # the oracle's NaN pattern, compared before tolerances
+  assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
