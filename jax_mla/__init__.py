@@ -4,6 +4,8 @@ Public API (everything else lives in private modules under jax_mla._src):
 
 - `decode`: the split-plus-merge decode (AMD's "nm" kernel on gfx950, the host backend on CPU,
   the pure-JAX reference anywhere).
+- `decode_persistent`, `make_workspace`, `reset_workspace`, `Workspace`: the one-launch path
+  (AMD's "nm_ps" kernel) with its workspace passed as an operand.
 - `pack_rows` / `unpack_rows`: the packed fp8 row format of Q and the KV cache;
   `to_flashmla` / `from_flashmla`: FlashMLA's MODEL1_FP8Sparse byte order.
 - `update_cache`, `ragged_from_topk`: per-step cache and index helpers.
@@ -13,16 +15,21 @@ Public API (everything else lives in private modules under jax_mla._src):
 
 from jax_mla._src.cache import ragged_from_topk, update_cache
 from jax_mla._src.code_objects import set_code_object_dir
-from jax_mla._src.decode import decode
+from jax_mla._src.decode import decode, decode_persistent
 from jax_mla._src.layout import from_flashmla, pack_rows, to_flashmla, unpack_rows
+from jax_mla._src.workspace import Workspace, make_workspace, reset_workspace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Workspace",
     "decode",
+    "decode_persistent",
     "from_flashmla",
+    "make_workspace",
     "pack_rows",
     "ragged_from_topk",
+    "reset_workspace",
     "set_code_object_dir",
     "to_flashmla",
     "unpack_rows",

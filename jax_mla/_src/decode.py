@@ -56,3 +56,48 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
   return split_kernel.split_decode(*args, sink, tokens_per_seq=tokens_per_seq,
                                    num_kv_splits=num_kv_splits, backend=backend,
                                    return_lse=return_lse)
+
+
+def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                      return_lse: bool = True, backend: str = "auto"):
+  """DeepSeek-V4 fp8 MLA decode in one launch (AMD's persistent "nm_ps" kernel on gfx950).
+
+  128 heads, one query token per row, `N <= min(32768, workspace.max_rows)` rows.
+
+  Args:
+    q: uint8 `[N, 128, 512]` packed query rows; q_rope: bf16 `[N, 128, 64]`.
+    kv: uint8 `[R, 512]`; kv_rope: bf16 `[R, 64]`.
+    kv_indptr: int32 `[N + 1]`; row r attends to `kv_indices[kv_indptr[r]:kv_indptr[r + 1]]`.
+    kv_indices: int32 `[L]`.
+    sink: f32 `[128]` or None (no sink).
+    workspace: a `jax_mla.make_workspace(...)` pytree. Pass the returned one to the next call
+      (calls sharing a workspace are ordered by that data dependence); donate it under jit so it
+      is updated in place. After a failed call, `jax_mla.reset_workspace` it.
+    return_lse: False skips the LSE (returned as None).
+    backend: "auto", "gfx950", "host" or "reference" (which computes the same result with the
+      pure-JAX decode and returns the workspace untouched).
+
+  Returns:
+    `(out bf16 [N, 128, 512], lse f32 [N, 128] or None, workspace)`, with the same contracts as
+    `decode`: lse is the natural log with the sink included; rows without KV entries give
+    `out = 0` and `lse = sink`.
+  """
+  from jax_mla._src import persistent_kernel  # pylint: disable=import-outside-toplevel
+  backends.check_backend_name(backend)
+  if not isinstance(return_lse, bool):
+    raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+  if sink is None and hasattr(q, "shape") and len(q.shape) == 3:
+    sink = checks.as_sink(None, q.shape[1])
+  num_rows = persistent_kernel.check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                            workspace)
+  backend = backends.resolve(backend)
+  if backend != "reference":
+    return persistent_kernel.decode_persistent(
+        q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, return_lse=return_lse,
+        backend=backend)
+  if num_rows == 0:
+    out = jnp.zeros((0, q.shape[1], q.shape[2]), jnp.bfloat16)
+    return out, (jnp.zeros((0, q.shape[1]), jnp.float32) if return_lse else None), workspace
+  args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
+  out, lse = reference_decode(*args, tokens_per_seq=1)
+  return out, (lse if return_lse else None), workspace

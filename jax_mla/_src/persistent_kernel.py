@@ -73,7 +73,7 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   as is (rows with K = 0 unwritten), "select"/"scatter" force one fix-up method (True picks by
   backend: select on host, scatter on gfx950); fill_unwritten_nan=True (host only) makes the unwritten rows NaN first."""
   _check_static(return_lse, backend, fill_unwritten_nan)
-  n = _check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
+  n = check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
   if n == 0:
     lse = jnp.zeros((0, ws_lib.NUM_HEADS), jnp.float32) if return_lse else None
     return jnp.zeros((0, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16), lse, workspace
@@ -153,7 +153,8 @@ def _check_array(x, name, dtype, shape):
     raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
 
 
-def _check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace) -> int:
+def check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace) -> int:
+  """Checks decode_persistent's arrays (any backend); returns N."""
   ws_lib.check_workspace(workspace)
   _check_array(q, "q", jnp.uint8, (None, None, None))
   n, h, width = q.shape
