@@ -1,0 +1,234 @@
+"""The Pallas GPU backend: the fp8 MLA decode as one Triton-lowered Pallas kernel (+ a merge).
+
+Per program: one sequence, a block of its query rows (the heads of its tokens; the tokens of a
+sequence share the KV list, so they are folded into the rows), one KV split. The program gathers
+its KV rows by index, dequantizes the fp8 NoPE with the e8m0 tile scales and takes the bf16 RoPE
+in the kernel, runs QK and PV on the tensor cores (bf16 operands, f32 accumulation) with an
+online softmax in the log2 domain. The 512 dims are handled as 8 tiles of 64 (7 NoPE tiles and
+the RoPE), the natural unit of the row format: no power-of-2 trouble with 448, no reshapes.
+
+With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
+writes normalized f32 partials and their lse, merged by `merge.merge_partials` (jnp, on the GPU).
+
+Lengths and indices are device values; the split count depends on static shapes only, so one
+executable serves every set of lengths. Padding bytes 462..511 are never read: the scale of
+tile t is read at byte 448 + 2t and nothing else past byte 447.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jax_mla._src import layout
+from jax_mla._src import pallas_merge
+from jax_mla._src import pallas_plan
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# s = q.k / sqrt(512); the kernel works with s * log2(e) so it can use exp2.
+SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
+TILE = layout.TILE  # 64
+NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Static tuning knobs. block_rows: query rows per program (power of 2, >= 16);
+  block_kv: KV entries per inner step (power of 2, >= 16)."""
+  block_rows: int = 64
+  block_kv: int = 64
+  num_warps: int = 8
+  num_stages: int = 2
+
+
+def _compiler_params(config: KernelConfig):
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+  # jax >= 0.7 calls it CompilerParams; older releases TritonCompilerParams.
+  cls = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+  return cls(num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _e8m0_to_f32(b):
+  """e8m0 bytes (uint8) -> 2^(b - 127) in f32; 0xFF -> NaN. Built from bits: exact."""
+  bits = jnp.left_shift(b.astype(jnp.int32), 23)
+  x = jax.lax.bitcast_convert_type(bits, jnp.float32)
+  x = jnp.where(b == 0, jnp.float32(2.0**-127), x)  # 2^-127 is an f32 subnormal: no exponent bits
+  return jnp.where(b == 255, jnp.float32(jnp.nan), x)
+
+
+def _dequant_tile(raw, scale):
+  """fp8 e4m3fn bytes [N, 64] times their tile scale bytes [N] -> bf16 [N, 64] (exact)."""
+  values = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
+  return (values * _e8m0_to_f32(scale)[:, None]).astype(jnp.bfloat16)
+
+
+def _dot(a, b, *, transpose_b=False):
+  dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _load_tiles(rows_ref, rope_ref, lead, rows):
+  """The 8 dequantized bf16 tiles [N, 64] of packed rows `ref[*lead, rows]` (index array or
+  slice)."""
+  tiles = []
+  for t in range(layout.NUM_TILES):
+    raw = rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))]
+    scale = rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)]  # first copy only, no padding
+    tiles.append(_dequant_tile(raw, scale))
+  tiles.append(rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))].astype(jnp.bfloat16))
+  return tiles
+
+
+def _logaddexp2(a, b):
+  """log2(2^a + 2^b) with infinities handled: (-inf, -inf) -> -inf, +inf wins."""
+  mx = jnp.maximum(a, b)
+  finite = jnp.abs(mx) < jnp.inf
+  mx_safe = jnp.where(finite, mx, 0.0)
+  return jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(a - mx_safe) + jnp.exp2(b - mx_safe)), mx)
+
+
+def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
+                   *out_refs, block_rows, block_kv, num_splits, num_indices):
+  seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  row0 = row_block * block_rows
+  q_rows = pl.ds(row0, block_rows)
+
+  start = indptr_ref[seq]
+  length = jnp.maximum(indptr_ref[seq + 1] - start, 0)
+  num_chunks = (length + block_kv - 1) // block_kv
+  per_split = (num_chunks + num_splits - 1) // num_splits
+  chunk_lo = jnp.minimum(split * per_split, num_chunks)
+  chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
+
+  # Q is dequantized once per program; it stays on chip for the whole KV walk.
+  q_tiles = _load_tiles(q_ref, q_rope_ref, (seq,), q_rows)
+
+  def body(chunk, carry):
+    m, l, accs = carry
+    offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
+    valid = offsets < length
+    # Clamped gather of the index list (never past the buffer), then select: lanes past the
+    # row's end read pool row 0 and are zeroed before any arithmetic sees them.
+    positions = jnp.minimum(start + offsets, num_indices - 1)
+    rows = jnp.where(valid, indices_ref[positions], 0)
+    k_tiles = [jnp.where(valid[:, None], k, jnp.zeros_like(k))
+               for k in _load_tiles(kv_ref, kv_rope_ref, (), rows)]
+    scores = _dot(q_tiles[0], k_tiles[0], transpose_b=True)
+    for qt, kt in zip(q_tiles[1:], k_tiles[1:]):
+      scores += _dot(qt, kt, transpose_b=True)
+    scores = jnp.where(valid[None, :], scores * SCORE_SCALE_LOG2, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
+    alpha = jnp.exp2(m - m_new)
+    p = jnp.exp2(scores - m_new[:, None])
+    l = l * alpha + jnp.sum(p, axis=1)
+    p = p.astype(jnp.bfloat16)
+    accs = tuple(acc * alpha[:, None] + _dot(p, kt) for acc, kt in zip(accs, k_tiles))
+    return m_new, l, accs
+
+  init = (jnp.full((block_rows,), -jnp.inf, jnp.float32),
+          jnp.zeros((block_rows,), jnp.float32),
+          tuple(jnp.zeros((block_rows, TILE), jnp.float32) for _ in range(NUM_TILES)))
+  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)
+
+  seen = l != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
+  m_safe = jnp.where(seen, m, 0.0)
+  lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
+  if num_splits == 1:
+    out_ref, lse_ref = out_refs
+    sink2 = sink_ref[q_rows] * LOG2E
+    total2 = _logaddexp2(lse2, sink2)
+    # out = acc * 2^(m - total): a +inf sink gives 2^-inf = 0; empty rows are selected to 0.
+    weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)[:, None]
+    for t, acc in enumerate(accs):
+      out_ref[seq, q_rows, pl.ds(t * TILE, TILE)] = (acc * weight).astype(out_ref.dtype)
+    lse_ref[seq, q_rows] = total2 * LN2
+  else:
+    part_ref, part_lse_ref = out_refs
+    inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)[:, None]
+    for t, acc in enumerate(accs):
+      part_ref[seq, split, q_rows, pl.ds(t * TILE, TILE)] = acc * inv_l
+    part_lse_ref[seq, split, q_rows] = lse2 * LN2
+
+
+def _pad_rows(x, rows):
+  pad = rows - x.shape[1]
+  return x if pad == 0 else jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+
+
+def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+                  num_kv_splits: int | None = None, return_lse: bool = True,
+                  interpret: bool = False, config: KernelConfig | None = None):
+  """Decode on the Pallas backend; arguments as `jax_mla.decode`, already validated.
+
+  Args:
+    sink: f32 `[H]`; `-inf` means no sink.
+    num_kv_splits: KV splits over the grid; None picks one from static shapes
+      (`pallas_plan.num_kv_splits`).
+    interpret: run the kernel in Pallas interpret mode (any backend, e.g. the CPU in tests).
+    config: block sizes and Triton knobs; None picks `pallas_plan.default_config`.
+
+  Returns:
+    `(out bf16 [T, H, 512], lse f32 [T, H] or None)`; lse is the natural log of the softmax
+    denominator with the sink included. A sequence without KV entries gives out 0, lse = sink.
+  """
+  num_tokens, num_heads = q.shape[:2]
+  num_seqs = kv_indptr.shape[0] - 1
+  rows = tokens_per_seq * num_heads
+  config = config or pallas_plan.default_config(rows)
+  block_rows = min(config.block_rows, pallas_plan.row_block(rows))
+  padded_rows = -(-rows // block_rows) * block_rows
+  num_splits = num_kv_splits or pallas_plan.num_kv_splits(
+      num_seqs, padded_rows // block_rows, kv_indices.shape[0], config.block_kv)
+
+  # [B, tokens * H, ...]: a free reshape; rows padded (zeros) only for odd head counts.
+  q3 = _pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows)
+  q_rope3 = _pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows)
+  sink_rows = jnp.tile(sink.astype(jnp.float32), tokens_per_seq)
+  sink_rows = jnp.pad(sink_rows, (0, padded_rows - rows), constant_values=-jnp.inf)
+  if kv_indices.shape[0] == 0:  # the kernel needs one element to clamp to
+    kv_indices = jnp.zeros((1,), jnp.int32)
+
+  if num_splits == 1:
+    out_shape = (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
+  else:
+    out_shape = (
+        jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
+        jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
+  kernel = functools.partial(
+      _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
+      num_indices=kv_indices.shape[0])
+  extra = {} if interpret else {"compiler_params": _compiler_params(config)}
+  results = pl.pallas_call(
+      kernel, out_shape=out_shape, grid=(num_seqs, padded_rows // block_rows, num_splits),
+      interpret=interpret, name="jax_mla_pallas_decode", **extra,
+  )(kv_indptr, kv_indices, q3, q_rope3, kv, kv_rope, sink_rows)
+
+  if num_splits == 1:
+    out, lse = results
+  else:
+    out, lse = pallas_merge.merge_partials(*results, sink_rows)
+  out = out[:, :rows].reshape(num_tokens, num_heads, layout.HEAD_DIM)
+  lse = lse[:, :rows].reshape(num_tokens, num_heads)
+  return out, (lse if return_lse else None)
+
+
+def pallas_decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                             return_lse: bool = True, interpret: bool = False):
+  """The persistent API on the Pallas backend: H = 128, one token per row, the same decode.
+
+  The workspace (the gfx950 kernel's scratch) is not needed here: it is returned unchanged, so
+  a model written against `decode_persistent` runs unmodified and keeps its data dependence.
+
+  Returns:
+    `(out bf16 [N, 128, 512], lse f32 [N, 128] or None, workspace)`.
+  """
+  out, lse = pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq=1,
+                           return_lse=return_lse, interpret=interpret)
+  return out, lse, workspace
