@@ -39,12 +39,21 @@ NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-  """Static tuning knobs. block_rows: query rows per program (power of 2, >= 16);
-  block_kv: KV entries per inner step (power of 2, >= 16)."""
+  """Static tuning knobs.
+
+  block_rows: query rows per program (power of 2, >= 16); block_kv: KV entries per inner step
+  (power of 2, >= 16). row_split: "tiles" handles the 512 dims as 8 tiles of 64 (8 small MMAs
+  each way); "rows" as one 512-wide NoPE operand (columns 448.. zeroed) plus the 64-wide RoPE
+  (2 MMAs each way, the NoPE one N = 512). q_dequant: "kernel" dequantizes Q once per program
+  and keeps it on chip; "xla" takes Q already dequantized to bf16 by XLA (one small pass) and
+  loads it inside the KV loop, so the compiler can stage it in shared memory.
+  """
   block_rows: int = 64
   block_kv: int = 64
   num_warps: int = 8
   num_stages: int = 2
+  row_split: str = "tiles"
+  q_dequant: str = "kernel"
 
 
 def _compiler_params(config: KernelConfig):
@@ -93,8 +102,70 @@ def _logaddexp2(a, b):
   return jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(a - mx_safe) + jnp.exp2(b - mx_safe)), mx)
 
 
+class _Tiles:
+  """The 512 dims as 8 pieces of 64 columns: (column, width) = (64 t, 64)."""
+  pieces = tuple((t * TILE, TILE) for t in range(NUM_TILES))
+
+  @staticmethod
+  def packed(rows_ref, rope_ref, lead, rows):
+    return _load_tiles(rows_ref, rope_ref, lead, rows)
+
+  @staticmethod
+  def bf16(full_ref, lead, rows):
+    return [full_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(NUM_TILES)]
+
+
+def _row_ids(rows):
+  """Rows as an index array (masked loads in interpret mode need array indexers throughout)."""
+  if isinstance(rows, pl.Slice):
+    return rows.start + jnp.arange(rows.size, dtype=jnp.int32)
+  return rows
+
+
+class _Rows:
+  """The 512 dims as a 512-wide NoPE piece (columns 448.. are zero) and the 64-wide RoPE."""
+  pieces = ((0, layout.HEAD_DIM), (layout.NOPE_DIM, layout.ROPE_DIM))
+
+  @staticmethod
+  def packed(rows_ref, rope_ref, lead, rows):
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+    cols = jnp.arange(layout.HEAD_DIM, dtype=jnp.int32)
+    nope = cols < layout.NOPE_DIM
+    ids = _row_ids(rows)[:, None]
+    # A masked load: bytes 448.. (scales, padding) are never read as values.
+    raw = plgpu.load(rows_ref.at[(*lead, ids, cols[None, :])], mask=nope[None, :], other=0)
+    scale_cols = layout.SCALE_OFFSET + 2 * jnp.minimum(cols // TILE, layout.NUM_TILES - 1)
+    scale = rows_ref[(*lead, ids, scale_cols[None, :])]  # each column's tile scale
+    values = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
+    values = jnp.where(nope[None, :], values * _e8m0_to_f32(scale), 0.0)
+    rope = rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
+    return [values.astype(jnp.bfloat16), rope.astype(jnp.bfloat16)]
+
+  @staticmethod
+  def bf16(full_ref, lead, rows):
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+    cols = jnp.arange(layout.HEAD_DIM, dtype=jnp.int32)
+    nope = cols < layout.NOPE_DIM
+    q_nope = plgpu.load(full_ref.at[(*lead, _row_ids(rows)[:, None], cols[None, :])],
+                        mask=nope[None, :], other=0)
+    return [q_nope, full_ref[(*lead, rows, pl.ds(layout.NOPE_DIM, layout.ROPE_DIM))]]
+
+
+def _store_pieces(ref, lead, rows, pieces, values):
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+  for (col, width), value in zip(pieces, values):
+    value = value.astype(ref.dtype)
+    if width == layout.HEAD_DIM:  # the wide NoPE piece: columns 448.. belong to the RoPE piece
+      mask = jnp.arange(width, dtype=jnp.int32)[None, :] < layout.NOPE_DIM
+      cols = jnp.arange(width, dtype=jnp.int32)[None, :] + col
+      plgpu.store(ref.at[(*lead, _row_ids(rows)[:, None], cols)], value, mask=mask)
+    else:
+      ref[(*lead, rows, pl.ds(col, width))] = value
+
+
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
-                   *out_refs, block_rows, block_kv, num_splits, num_indices):
+                   *out_refs, block_rows, block_kv, num_splits, num_indices, split_kind,
+                   q_in_loop):
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -106,8 +177,13 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   chunk_lo = jnp.minimum(split * per_split, num_chunks)
   chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
 
-  # Q is dequantized once per program; it stays on chip for the whole KV walk.
-  q_tiles = _load_tiles(q_ref, q_rope_ref, (seq,), q_rows)
+  def load_q():
+    if q_in_loop:  # bf16 from XLA, loaded where it is used
+      return split_kind.bf16(q_ref, (seq,), q_rows)
+    return split_kind.packed(q_ref, q_rope_ref, (seq,), q_rows)
+
+  # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
+  q_outside = None if q_in_loop else load_q()
 
   def body(chunk, carry):
     m, l, accs = carry
@@ -117,23 +193,24 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     # row's end read pool row 0 and are zeroed before any arithmetic sees them.
     positions = jnp.minimum(start + offsets, num_indices - 1)
     rows = jnp.where(valid, indices_ref[positions], 0)
-    k_tiles = [jnp.where(valid[:, None], k, jnp.zeros_like(k))
-               for k in _load_tiles(kv_ref, kv_rope_ref, (), rows)]
-    scores = _dot(q_tiles[0], k_tiles[0], transpose_b=True)
-    for qt, kt in zip(q_tiles[1:], k_tiles[1:]):
-      scores += _dot(qt, kt, transpose_b=True)
+    k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k))
+                for k in split_kind.packed(kv_ref, kv_rope_ref, (), rows)]
+    q_pieces = load_q() if q_in_loop else q_outside
+    scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
+    for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
+      scores += _dot(qp, kp, transpose_b=True)
     scores = jnp.where(valid[None, :], scores * SCORE_SCALE_LOG2, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
     alpha = jnp.exp2(m - m_new)
     p = jnp.exp2(scores - m_new[:, None])
     l = l * alpha + jnp.sum(p, axis=1)
     p = p.astype(jnp.bfloat16)
-    accs = tuple(acc * alpha[:, None] + _dot(p, kt) for acc, kt in zip(accs, k_tiles))
+    accs = tuple(acc * alpha[:, None] + _dot(p, kp) for acc, kp in zip(accs, k_pieces))
     return m_new, l, accs
 
   init = (jnp.full((block_rows,), -jnp.inf, jnp.float32),
           jnp.zeros((block_rows,), jnp.float32),
-          tuple(jnp.zeros((block_rows, TILE), jnp.float32) for _ in range(NUM_TILES)))
+          tuple(jnp.zeros((block_rows, width), jnp.float32) for _, width in split_kind.pieces))
   m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)
 
   seen = l != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
@@ -145,14 +222,12 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     total2 = _logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 2^-inf = 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)[:, None]
-    for t, acc in enumerate(accs):
-      out_ref[seq, q_rows, pl.ds(t * TILE, TILE)] = (acc * weight).astype(out_ref.dtype)
+    _store_pieces(out_ref, (seq,), q_rows, split_kind.pieces, [acc * weight for acc in accs])
     lse_ref[seq, q_rows] = total2 * LN2
   else:
     part_ref, part_lse_ref = out_refs
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)[:, None]
-    for t, acc in enumerate(accs):
-      part_ref[seq, split, q_rows, pl.ds(t * TILE, TILE)] = acc * inv_l
+    _store_pieces(part_ref, (seq, split), q_rows, split_kind.pieces, [acc * inv_l for acc in accs])
     part_lse_ref[seq, split, q_rows] = lse2 * LN2
 
 
@@ -201,9 +276,13 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     out_shape = (
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
+  q_in_loop = config.q_dequant == "xla"
+  if q_in_loop:  # Q dequantized by XLA: [B, R, 512] bf16 (NoPE then RoPE)
+    q3 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      num_indices=kv_indices.shape[0])
+      num_indices=kv_indices.shape[0], q_in_loop=q_in_loop,
+      split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
       kernel, out_shape=out_shape, grid=(num_seqs, padded_rows // block_rows, num_splits),
