@@ -19,6 +19,7 @@ fits in the 60 MB L2, as in the issue's FlashMLA measurement.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import datetime
 import functools
@@ -77,7 +78,7 @@ def plain_xla_decode(q, q_rope, kv, kv_rope, indices, sink, *, tokens_per_seq):
 
 
 def parse_config(text: str) -> pd.KernelConfig:
-  """'64x64w8s2[-rows][-xla]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
+  """'64x64w8s2[-rows][-xla][-pf]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
   row_split "rows" (default "tiles"), q_dequant "xla" (default "kernel")."""
   base, *flags = text.split("-")
   rows, rest = base.split("x")
@@ -85,7 +86,8 @@ def parse_config(text: str) -> pd.KernelConfig:
   warps, stages = rest.split("s")
   return pd.KernelConfig(int(rows), int(kv), int(warps), int(stages),
                          row_split="rows" if "rows" in flags else "tiles",
-                         q_dequant="xla" if "xla" in flags else "kernel")
+                         q_dequant="xla" if "xla" in flags else "kernel",
+                         prefetch="pf" in flags)
 
 
 def make_problem(key, *, batch, heads, tokens_per_seq, kv_len):
@@ -192,6 +194,7 @@ def main():
   ap.add_argument("--out", default="")
   ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
   ap.add_argument("--no-ceilings", action="store_true")
+  ap.add_argument("--compile-workers", type=int, default=12)
   a = ap.parse_args()
 
   dev = jax.devices()[0]
@@ -213,6 +216,9 @@ def main():
   impls = a.impls.split(",")
   variants = [("pallas:" + c, parse_config(c)) for c in a.configs.split(",") if c]
   rows = []
+  # Build every (shape, implementation), then compile them all in parallel (XLA and Triton
+  # compilation release the GIL), then time shape by shape.
+  plans = []
   for heads, tps, batch, kv_len in shapes_for(a.suite):
     p = make_problem(jax.random.PRNGKey(batch * 7 + kv_len), batch=batch, heads=heads,
                      tokens_per_seq=tps, kv_len=kv_len)
@@ -226,10 +232,32 @@ def main():
       else:
         runs[impl] = looped(decode_fn(impl, tokens_per_seq=tps), a.steps)
     runs["index_update"] = looped(decode_fn("index_update", tokens_per_seq=tps), a.steps)
+    plans.append(((heads, tps, batch, kv_len), p, runs))
+
+  def compile_one(job):
+    run, p = job
+    try:
+      return run.lower(p).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      return f"{type(e).__name__}: {str(e)[:300]}"
+  jobs = [(run, p) for _, p, runs in plans for run in runs.values()]
+  t0 = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(max_workers=a.compile_workers) as pool:
+    compiled = iter(list(pool.map(compile_one, jobs)))
+  print(f"compiled {len(jobs)} executables in {time.perf_counter() - t0:.0f} s", flush=True)
+
+  for (heads, tps, batch, kv_len), p, runs in plans:
     failed = {}
-    for name, run in list(runs.items()):  # compile and warm up
+    for name in list(runs):
+      exe = next(compiled)
+      if isinstance(exe, str):
+        failed[name] = exe
+        del runs[name]
+        print(f"  {name} failed: {exe}", flush=True)
+        continue
       try:
-        jax.block_until_ready(run(p))
+        jax.block_until_ready(exe(p))  # warm up
+        runs[name] = exe
       except Exception as e:  # pylint: disable=broad-except
         failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
         del runs[name]

@@ -54,6 +54,7 @@ class KernelConfig:
   num_stages: int = 2
   row_split: str = "tiles"
   q_dequant: str = "kernel"
+  prefetch: bool = False
 
 
 def _compiler_params(config: KernelConfig):
@@ -82,16 +83,24 @@ def _dot(a, b, *, transpose_b=False):
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
+def _fetch_tiles(rows_ref, rope_ref, lead, rows):
+  """The raw bytes of packed rows `ref[*lead, rows]` (index array or slice): 7 fp8 tiles
+  [N, 64], their 7 scale bytes [N] and the RoPE [N, 64]."""
+  raws = tuple(rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(layout.NUM_TILES))
+  # The first copy of each scale only; bytes 462.. (padding) are never touched.
+  scales = tuple(rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)]
+                 for t in range(layout.NUM_TILES))
+  return raws, scales, rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
+
+
+def _decode_tiles(fetched):
+  """The 8 dequantized bf16 tiles [N, 64] of `_fetch_tiles`' bytes."""
+  raws, scales, rope = fetched
+  return [_dequant_tile(r, s) for r, s in zip(raws, scales)] + [rope.astype(jnp.bfloat16)]
+
+
 def _load_tiles(rows_ref, rope_ref, lead, rows):
-  """The 8 dequantized bf16 tiles [N, 64] of packed rows `ref[*lead, rows]` (index array or
-  slice)."""
-  tiles = []
-  for t in range(layout.NUM_TILES):
-    raw = rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))]
-    scale = rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)]  # first copy only, no padding
-    tiles.append(_dequant_tile(raw, scale))
-  tiles.append(rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))].astype(jnp.bfloat16))
-  return tiles
+  return _decode_tiles(_fetch_tiles(rows_ref, rope_ref, lead, rows))
 
 
 def _logaddexp2(a, b):
@@ -165,7 +174,7 @@ def _store_pieces(ref, lead, rows, pieces, values):
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
                    *out_refs, block_rows, block_kv, num_splits, num_indices, split_kind,
-                   q_in_loop):
+                   q_in_loop, prefetch):
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -185,16 +194,23 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
   q_outside = None if q_in_loop else load_q()
 
-  def body(chunk, carry):
-    m, l, accs = carry
+  def block_rows_of(chunk):
     offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
     valid = offsets < length
     # Clamped gather of the index list (never past the buffer), then select: lanes past the
     # row's end read pool row 0 and are zeroed before any arithmetic sees them.
     positions = jnp.minimum(start + offsets, num_indices - 1)
-    rows = jnp.where(valid, indices_ref[positions], 0)
-    k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k))
-                for k in split_kind.packed(kv_ref, kv_rope_ref, (), rows)]
+    return valid, jnp.where(valid, indices_ref[positions], 0)
+
+  def body(chunk, carry):
+    m, l, accs = carry[:3]
+    valid, rows = block_rows_of(chunk)
+    if prefetch:  # this block's bytes came with the carry; start fetching the next block's
+      k_pieces = _decode_tiles(carry[3])
+      next_fetch = _fetch_tiles(kv_ref, kv_rope_ref, (), block_rows_of(chunk + 1)[1])
+    else:
+      k_pieces = split_kind.packed(kv_ref, kv_rope_ref, (), rows)
+    k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k)) for k in k_pieces]
     q_pieces = load_q() if q_in_loop else q_outside
     scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
     for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
@@ -206,12 +222,14 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     l = l * alpha + jnp.sum(p, axis=1)
     p = p.astype(jnp.bfloat16)
     accs = tuple(acc * alpha[:, None] + _dot(p, kp) for acc, kp in zip(accs, k_pieces))
-    return m_new, l, accs
+    return (m_new, l, accs, next_fetch) if prefetch else (m_new, l, accs)
 
   init = (jnp.full((block_rows,), -jnp.inf, jnp.float32),
           jnp.zeros((block_rows,), jnp.float32),
           tuple(jnp.zeros((block_rows, width), jnp.float32) for _, width in split_kind.pieces))
-  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)
+  if prefetch:
+    init += (_fetch_tiles(kv_ref, kv_rope_ref, (), block_rows_of(chunk_lo)[1]),)
+  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)[:3]
 
   seen = l != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
   m_safe = jnp.where(seen, m, 0.0)
@@ -276,12 +294,14 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     out_shape = (
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
+  if config.prefetch and config.row_split != "tiles":
+    raise ValueError("prefetch is implemented for row_split='tiles' only")
   q_in_loop = config.q_dequant == "xla"
   if q_in_loop:  # Q dequantized by XLA: [B, R, 512] bf16 (NoPE then RoPE)
     q3 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      num_indices=kv_indices.shape[0], q_in_loop=q_in_loop,
+      num_indices=kv_indices.shape[0], q_in_loop=q_in_loop, prefetch=config.prefetch,
       split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
