@@ -213,3 +213,20 @@ def test_triton_lowering_exports_from_the_cpu(platform):
   assert len(calls) == 1, calls
   # grid = (sequences, row blocks of 64, splits)
   assert "grid_x = 3 : i32, grid_y = 2 : i32, grid_z = 2 : i32" in calls[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_out_of_range_indices_are_clamped_like_the_reference(mode):
+  """Index values are device data nobody checks: the kernel clamps them into the pool (as the
+  reference does) instead of reading outside it."""
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(14)
+  batch = make_batch(rng, num_heads=16, lengths=[6, 5], pool_rows=64, sink=0.2)
+  batch.kv_indices[1] = 64 + 5
+  batch.kv_indices[7] = -3
+  out, lse = run(mode, batch)
+  want_out, want_lse = jax_mla.decode(*batch.args(), backend="reference")
+  want_out = np.asarray(jnp.asarray(want_out, jnp.float32))
+  scale = np.abs(want_out).max()
+  assert_close("out", out, want_out, atol=scale * 2.0**-7, rtol=2.0**-8)
+  assert_close("lse", lse, np.asarray(want_lse), atol=1e-4, rtol=1e-5, cos_tol=None)

@@ -173,8 +173,8 @@ def _store_pieces(ref, lead, rows, pieces, values):
 
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
-                   *out_refs, block_rows, block_kv, num_splits, num_indices, split_kind,
-                   q_in_loop, prefetch):
+                   *out_refs, block_rows, block_kv, num_splits, num_indices, num_kv_rows,
+                   split_kind, q_in_loop, prefetch):
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -200,7 +200,9 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     # Clamped gather of the index list (never past the buffer), then select: lanes past the
     # row's end read pool row 0 and are zeroed before any arithmetic sees them.
     positions = jnp.minimum(start + offsets, num_indices - 1)
-    return valid, jnp.where(valid, indices_ref[positions], 0)
+    # Out-of-range indices are clamped into the pool, as the reference does: never a wild read.
+    rows = jnp.clip(indices_ref[positions], 0, num_kv_rows - 1)
+    return valid, jnp.where(valid, rows, 0)
 
   def body(chunk, carry):
     m, l, accs = carry[:3]
@@ -301,7 +303,8 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     q3 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      num_indices=kv_indices.shape[0], q_in_loop=q_in_loop, prefetch=config.prefetch,
+      num_indices=kv_indices.shape[0], num_kv_rows=kv.shape[0], q_in_loop=q_in_loop,
+      prefetch=config.prefetch,
       split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(

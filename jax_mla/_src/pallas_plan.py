@@ -11,7 +11,7 @@ import jax
 # Multiprocessors of an H100/H200; used when the device does not say.
 DEFAULT_NUM_SMS = 132
 # A split should walk at least this many KV entries, or the merge costs more than it saves.
-MIN_ENTRIES_PER_SPLIT = 128
+MIN_ENTRIES_PER_SPLIT = 256
 MAX_SPLITS = 64
 
 
