@@ -1,6 +1,8 @@
 """Registers, spills and shared memory of the compiled Pallas kernel (ptxas -v on XLA's PTX dump).
 
 Usage (on the GPU machine): python benchmarks/pallas_ptx_stats.py 64x64w8s2 64x64w8s2-pf ...
+Unverified: its one run on the H200 (2026-12-02) printed nothing within a 100 s limit; whether
+XLA's dump holds the Triton kernel's PTX under this jax is not established.
 """
 
 import glob
