@@ -84,8 +84,9 @@ def plain_xla_decode(q, q_rope, kv, kv_rope, indices, sink, *, tokens_per_seq):
 
 
 def parse_config(text: str) -> pd.KernelConfig:
-  """'64x64w8s2[-rows][-xla][-pf]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
-  row_split "rows" (default "tiles"), q_dequant "xla" (default "kernel")."""
+  """'64x64w8s2[-rows][-xla][-pf][-f8][-msN]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
+  row_split "rows" (default "tiles"), q_dequant "xla" (default "kernel"), prefetch, QK in fp8,
+  min_split_entries N."""
   base, *flags = text.split("-")
   rows, rest = base.split("x")
   kv, rest = rest.split("w")
@@ -93,7 +94,9 @@ def parse_config(text: str) -> pd.KernelConfig:
   return pd.KernelConfig(int(rows), int(kv), int(warps), int(stages),
                          row_split="rows" if "rows" in flags else "tiles",
                          q_dequant="xla" if "xla" in flags else "kernel",
-                         prefetch="pf" in flags)
+                         prefetch="pf" in flags, qk_fp8="f8" in flags,
+                         min_split_entries=next((int(f[2:]) for f in flags if f.startswith("ms")),
+                                                256))
 
 
 def make_problem(key, *, batch, heads, tokens_per_seq, kv_len):

@@ -55,6 +55,8 @@ class KernelConfig:
   row_split: str = "tiles"
   q_dequant: str = "kernel"
   prefetch: bool = False
+  qk_fp8: bool = False
+  min_split_entries: int = 256
 
 
 def _compiler_params(config: KernelConfig):
@@ -174,7 +176,7 @@ def _store_pieces(ref, lead, rows, pieces, values):
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
                    *out_refs, block_rows, block_kv, num_splits, num_indices, num_kv_rows,
-                   split_kind, q_in_loop, prefetch):
+                   split_kind, q_in_loop, prefetch, qk_fp8):
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -193,6 +195,10 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
 
   # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
   q_outside = None if q_in_loop else load_q()
+  if qk_fp8:  # Q's raw fp8 tiles and their f32 scales, for the fp8 QK
+    q_raws, q_scales, _ = _fetch_tiles(q_ref, q_rope_ref, (seq,), q_rows)
+    q_fp8 = [jax.lax.bitcast_convert_type(r, jnp.float8_e4m3fn) for r in q_raws]
+    q_scales = [_e8m0_to_f32(sc) for sc in q_scales]
 
   def block_rows_of(chunk):
     offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
@@ -208,15 +214,27 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     m, l, accs = carry[:3]
     valid, rows = block_rows_of(chunk)
     if prefetch:  # this block's bytes came with the carry; start fetching the next block's
-      k_pieces = _decode_tiles(carry[3])
+      fetched = carry[3]
       next_fetch = _fetch_tiles(kv_ref, kv_rope_ref, (), block_rows_of(chunk + 1)[1])
+    elif qk_fp8:
+      fetched = _fetch_tiles(kv_ref, kv_rope_ref, (), rows)
+    if prefetch or qk_fp8:
+      k_pieces = _decode_tiles(fetched)
     else:
       k_pieces = split_kind.packed(kv_ref, kv_rope_ref, (), rows)
     k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k)) for k in k_pieces]
     q_pieces = load_q() if q_in_loop else q_outside
-    scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
-    for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
-      scores += _dot(qp, kp, transpose_b=True)
+    if qk_fp8:
+      # Masked lanes may hold anything here (row 0's bytes): the select below removes them.
+      raws, k_scales, _ = fetched
+      scores = _dot(q_pieces[-1], k_pieces[-1], transpose_b=True)  # RoPE, bf16
+      for qf, qs, raw, ks in zip(q_fp8, q_scales, raws, k_scales):
+        kf = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn)
+        scores += _dot(qf, kf, transpose_b=True) * (qs[:, None] * _e8m0_to_f32(ks)[None, :])
+    else:
+      scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
+      for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
+        scores += _dot(qp, kp, transpose_b=True)
     scores = jnp.where(valid[None, :], scores * SCORE_SCALE_LOG2, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
     alpha = jnp.exp2(m - m_new)
@@ -279,7 +297,8 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   block_rows = min(config.block_rows, pallas_plan.row_block(rows))
   padded_rows = -(-rows // block_rows) * block_rows
   num_splits = num_kv_splits or pallas_plan.num_kv_splits(
-      num_seqs, padded_rows // block_rows, kv_indices.shape[0], config.block_kv)
+      num_seqs, padded_rows // block_rows, kv_indices.shape[0], config.block_kv,
+      min_entries=config.min_split_entries)
 
   # [B, tokens * H, ...]: a free reshape; rows padded (zeros) only for odd head counts.
   q3 = _pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows)
@@ -296,15 +315,17 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     out_shape = (
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
         jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
-  if config.prefetch and config.row_split != "tiles":
-    raise ValueError("prefetch is implemented for row_split='tiles' only")
+  if (config.prefetch or config.qk_fp8) and config.row_split != "tiles":
+    raise ValueError("prefetch and qk_fp8 are implemented for row_split='tiles' only")
+  if config.qk_fp8 and config.q_dequant != "kernel":
+    raise ValueError("qk_fp8 needs Q's fp8 bytes: q_dequant='kernel'")
   q_in_loop = config.q_dequant == "xla"
   if q_in_loop:  # Q dequantized by XLA: [B, R, 512] bf16 (NoPE then RoPE)
     q3 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
       num_indices=kv_indices.shape[0], num_kv_rows=kv.shape[0], q_in_loop=q_in_loop,
-      prefetch=config.prefetch,
+      prefetch=config.prefetch, qk_fp8=config.qk_fp8,
       split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(

@@ -36,11 +36,12 @@ def num_sms() -> int:
     return DEFAULT_NUM_SMS
 
 
-def num_kv_splits(num_seqs: int, row_blocks: int, num_indices: int, block_kv: int) -> int:
-  """Enough programs to fill the GPU, but no split shorter than MIN_ENTRIES_PER_SPLIT entries
-  of the average row (num_indices / num_seqs is the static length hint)."""
+def num_kv_splits(num_seqs: int, row_blocks: int, num_indices: int, block_kv: int, *,
+                  min_entries: int = MIN_ENTRIES_PER_SPLIT) -> int:
+  """Enough programs to fill the GPU, but no split shorter than `min_entries` entries of the
+  average row (num_indices / num_seqs is the static length hint)."""
   programs = num_seqs * row_blocks
   fill = -(-num_sms() // programs)
   avg_len = num_indices // max(num_seqs, 1)
-  by_length = max(1, avg_len // max(MIN_ENTRIES_PER_SPLIT, block_kv))
+  by_length = max(1, avg_len // max(min_entries, block_kv))
   return int(max(1, min(fill, by_length, MAX_SPLITS)))
