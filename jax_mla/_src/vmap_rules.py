@@ -148,9 +148,9 @@ def persistent_rule(prim, args, dims, *, backend, return_lse, fill_unwritten_nan
   workspace = list(args[_NUM_INPUTS:])
   if dims[6] is not NOT_MAPPED:  # one sink per head per call: the V calls in turn
     return _sequential_persistent(prim, args, dims, size, params)
-  num_rows = q.shape[dims[0]] if dims[0] is not NOT_MAPPED else q.shape[0]
+  q, q_rope = _fold(_lead(q, dims[0], size)), _fold(_lead(q_rope, dims[1], size))
+  folded_rows, num_rows = q.shape[0], q.shape[0] // size
   max_rows = workspace[-1].shape[0] - 1  # arange [max_rows + 1]
-  folded_rows = size * num_rows
   limit = min(max_rows, ws_lib.MAX_ROWS)
   if folded_rows > limit:
     raise ValueError(
@@ -158,7 +158,6 @@ def persistent_rule(prim, args, dims, *, backend, return_lse, fill_unwritten_nan
         f"one call, more than {limit} (workspace.max_rows = {max_rows}, kernel limit "
         f"{ws_lib.MAX_ROWS}); make the workspace with max_rows >= {folded_rows} or vmap over "
         "fewer rows")
-  q, q_rope = _fold(_lead(q, dims[0], size)), _fold(_lead(q_rope, dims[1], size))
   kv, kv_rope, pool_rows = fold_pool(kv, kv_rope, dims[2], dims[3], size)
   kv_indptr, kv_indices = fold_indices(_lead(kv_indptr, dims[4], size),
                                        _lead(kv_indices, dims[5], size), pool_rows)
