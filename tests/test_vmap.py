@@ -234,3 +234,23 @@ def test_persistent_vmap_with_batched_sink_threads_the_workspace():
     assert_same(f"out[{i}]", out[i], want_out)
     assert_same(f"lse[{i}]", lse[i], want_lse)
 
+
+
+def test_split_vmap_mtp_tokens_and_other_axes():
+  """tokens_per_seq = 2, q mapped on its axis 1, indices mapped, the pool shared, indptr not
+  mapped (every element has the same lengths)."""
+  rng = np.random.default_rng(9)
+  bs = [make_batch(rng, num_heads=16, lengths=[4, 0, 50], tokens_per_seq=2, pool_rows=40,
+                   sink=0.25) for _ in range(3)]
+  fn = functools.partial(split_decode, tokens_per_seq=2, num_kv_splits=2, backend="host")
+  q = np.stack([b.q for b in bs], axis=1)  # [T, V, H, 512]
+  q_rope = np.stack([b.q_rope for b in bs])
+  indices = np.stack([b.kv_indices for b in bs])
+  in_axes = (1, 0, None, None, None, 0, None)
+  out, lse = jax.jit(jax.vmap(fn, in_axes=in_axes))(q, q_rope, bs[0].kv, bs[0].kv_rope,
+                                                    bs[0].kv_indptr, indices, bs[0].sink)
+  for i, b in enumerate(bs):
+    want_out, want_lse = jax.jit(fn)(b.q, b.q_rope, bs[0].kv, bs[0].kv_rope, bs[0].kv_indptr,
+                                     b.kv_indices, b.sink)
+    assert_same(f"out[{i}]", out[i], want_out)
+    assert_same(f"lse[{i}]", lse[i], want_lse)
