@@ -192,8 +192,12 @@ def test_bad_backend_and_flags():
     decode_persistent(*args, ws, backend="gfx950")
 
 
-def test_vmap_is_refused_with_a_reason():
+def test_vmap_folds_rows_and_refuses_what_cannot_fold():
+  """vmap folds the mapped rows into one call (tests/test_vmap.py); what cannot fold is refused."""
   args = [np.zeros((3,) + s.shape, s.dtype) for s in shapes(2)]
   ws = make_workspace(8, 4)
-  with pytest.raises(NotImplementedError, match="does not support jax.vmap"):
-    jax.vmap(lambda *a: decode_persistent(*a, ws)[0])(*args)
+  with pytest.raises(ValueError, match="folds 3 x 2 = 6 rows"):
+    jax.vmap(lambda *a: decode_persistent(*a, args[6][0], ws)[0])(*args[:6])
+  stacked = jax.tree.map(lambda a: jnp.stack([a] * 3), ws)
+  with pytest.raises(ValueError, match="workspace must not be vmapped"):
+    jax.vmap(lambda w, *a: decode_persistent(*a, w)[0])(stacked, *args)

@@ -25,7 +25,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir, xla
 
-from jax_mla._src import ext
+from jax_mla._src import ext, sharding, vmap_rules
 from jax_mla._src import workspace as ws_lib
 
 TARGET = "jax_mla_persistent_decode_v1"
@@ -74,6 +74,9 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   backend: select on host, scatter on gfx950); fill_unwritten_nan=True (host only) makes the unwritten rows NaN first."""
   _check_static(return_lse, backend, fill_unwritten_nan)
   n = check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
+  # Sharded operands outside shard_map would be gathered onto every device: refuse them.
+  sharding.check_not_partitioned("decode_persistent", q, q_rope, kv, kv_rope, kv_indptr,
+                                 kv_indices, sink, *jax.tree.leaves(workspace))
   if n == 0:
     lse = jnp.zeros((0, ws_lib.NUM_HEADS), jnp.float32) if return_lse else None
     return jnp.zeros((0, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16), lse, workspace
@@ -196,20 +199,17 @@ def _abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, l
 persistent_decode_p.def_abstract_eval(_abstract_eval)
 
 
-def _no_batching(*args, **kwargs):
-  raise NotImplementedError(
-      "decode_persistent does not support jax.vmap: its rows already are the batch (stack the "
-      "rows of all sequences into one call with N <= workspace.max_rows), and a workspace "
-      "serves one call at a time.")
-
-
-batching.primitive_batchers[persistent_decode_p] = _no_batching
+# vmap folds the mapped axis into rows (V*N <= workspace.max_rows) and refuses a vmapped
+# workspace; see vmap_rules.py.
+batching.primitive_batchers[persistent_decode_p] = functools.partial(
+    vmap_rules.persistent_rule, persistent_decode_p)
 
 
 def _lowering(platform):
   ffi_rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=_ALIASES)
 
   def rule(ctx, *operands, backend, return_lse, fill_unwritten_nan, num_partitions):
+    sharding.check_lowering_not_replicated(ctx, "decode_persistent")  # plain jit, many devices
     want = "host" if platform == "cpu" else "gfx950"
     if backend != want:
       raise NotImplementedError(

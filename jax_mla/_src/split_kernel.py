@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import mlir, xla
+from jax.interpreters import batching, mlir, xla
 
-from jax_mla._src import ext, planner
+from jax_mla._src import ext, planner, sharding, vmap_rules
 
 TARGET = "jax_mla_split_decode_v1"
 HEAD_DIM = 512
@@ -76,6 +76,7 @@ def _rocm_backend_present() -> bool:
 
 
 def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+  sharding.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "gfx950":
     raise ValueError(f"backend={backend!r} cannot run on rocm: the rocm lowering of "
                      f"{TARGET} launches the gfx950 code object (use backend='gfx950')")
@@ -91,6 +92,7 @@ def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unw
 
 
 def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+  sharding.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "host":
     raise ValueError(f"backend={backend!r} needs a ROCm gfx950 device; this computation is "
                      "lowered for cpu (use backend='host' or backend='reference')")
@@ -111,6 +113,9 @@ def _lower_other(ctx, *operands, backend, **params):
 mlir.register_lowering(split_decode_p, _lower_rocm, platform="rocm")
 mlir.register_lowering(split_decode_p, _lower_cpu, platform="cpu")
 mlir.register_lowering(split_decode_p, _lower_other)
+# vmap folds the mapped axis into rows: one kernel call for all of it (vmap_rules.py).
+batching.primitive_batchers[split_decode_p] = functools.partial(
+    vmap_rules.split_decode_rule, split_decode_p)
 
 
 # --- primitive: the merge ------------------------------------------------------------------------
@@ -151,6 +156,7 @@ def _merge_abstract_eval(partials, partial_lse, valid_split_count, kv_indptr, si
 
 
 mlir.register_lowering(merge_splits_p, mlir.lower_fun(_merge_impl, multiple_results=True))
+batching.primitive_batchers[merge_splits_p] = functools.partial(vmap_rules.merge_rule, _merge_impl)
 
 
 def merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink, *, tokens_per_seq):
@@ -227,6 +233,8 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   Returns:
     (out bf16 [T, H, 512], lse f32 [T, H] with the sink included, or None).
   """
+  # Sharded operands outside shard_map would be gathered onto every device: refuse them.
+  sharding.check_not_partitioned("decode", q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)
   num_tokens, num_heads = q.shape[0], q.shape[1]
   num_seqs = kv_indptr.shape[0] - 1
   kernel_heads = 16 if num_heads == 8 else num_heads
