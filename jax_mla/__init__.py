@@ -10,9 +10,11 @@ Public API (everything else lives in private modules under jax_mla._src):
   `to_flashmla` / `from_flashmla`: FlashMLA's MODEL1_FP8Sparse byte order.
 - `update_cache`, `ragged_from_topk`: per-step cache and index helpers.
 - `jax_mla.plan.num_kv_splits`: the split planner.
+- `jax_mla.sharding`: shard_map recipes for rows across devices and heads across devices.
 - `set_code_object_dir`: where to find AMD's gfx950 code objects (see docs/code_objects.md).
 """
 
+from jax_mla import plan, sharding
 from jax_mla._src.cache import ragged_from_topk, update_cache
 from jax_mla._src.code_objects import set_code_object_dir
 from jax_mla._src.decode import decode, decode_persistent
@@ -28,9 +30,11 @@ __all__ = [
     "from_flashmla",
     "make_workspace",
     "pack_rows",
+    "plan",
     "ragged_from_topk",
     "reset_workspace",
     "set_code_object_dir",
+    "sharding",
     "to_flashmla",
     "unpack_rows",
     "update_cache",
