@@ -30,7 +30,7 @@ def public_objects():
       yield f"jax_mla.plan.{name}", obj
 
 
-@pytest.mark.parametrize("name,obj", list(public_objects()), 
+@pytest.mark.parametrize("name,obj", list(public_objects()),
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_public_objects_have_docstrings(name, obj):
   doc = inspect.getdoc(obj) or ""
