@@ -30,7 +30,11 @@ FIGURE_LINK = re.compile(r"\]\(figures/([\w.-]+\.png)\)")
 
 def notebook_script(path: Path) -> str:
   """The code cells of a jupytext notebook as one Python script."""
-  import jupytext  # pylint: disable=import-outside-toplevel
+  try:
+    import jupytext  # pylint: disable=import-outside-toplevel
+  except ImportError as e:  # fail, not skip: CI installs .[test], which includes it
+    raise ImportError("the notebook tests need the notebooks extra: pip install -e '.[notebooks]' "
+                      "(matplotlib, jupytext)") from e
   nb = jupytext.read(path)
   cells = [c.source for c in nb.cells if c.cell_type == "code"]
   if not cells:
