@@ -57,7 +57,7 @@ def linked_figures(path: Path) -> list[str]:
   return FIGURE_LINK.findall(path.read_text())
 
 
-NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.md"))
+NOTEBOOK_FILES = sorted(p for p in NOTEBOOKS.glob("*.md") if p.name != "README.md")
 
 
 def test_there_are_notebooks():
