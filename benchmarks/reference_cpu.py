@@ -4,10 +4,11 @@ Usage: python benchmarks/reference_cpu.py [--tokens 64] [--heads 128] [--len 819
                                           [--backend reference] [--json PATH]
 Prints the median time per call and the compiled executable's temporary memory; run it under
 `/usr/bin/time -v` for the process's peak RSS. `--tokens`, `--len` and `--backend` take several
-values to sweep them in one process. `--json PATH` also writes the results as
-`{"meta": {...}, "rows": [...]}` (the schema of benchmarks/results/*.json, read by
-notebooks/performance.md); rows already in PATH are kept, a row with the same shape and backend is
-replaced.
+values to sweep them in one process. `--backend`: reference, host or auto (through
+`jax_mla.decode`), or host-persistent (`jax_mla.decode_persistent` on the host backend, P = 128).
+`--json PATH` also writes the results as `{"meta": {...}, "rows": [...]}` (the schema of
+benchmarks/results/*.json, read by notebooks/performance.md); rows already in PATH are kept, a row
+with the same shape and backend is replaced.
 """
 
 import argparse
@@ -23,6 +24,7 @@ import numpy as np
 
 import jax_mla
 
+PERSISTENT_PARTITIONS = 128  # P of the workspace for --backend host-persistent
 
 def run_one(tokens, heads, kv_len, pool, repeats, backend):
   key = jax.random.PRNGKey(0)
@@ -32,9 +34,19 @@ def run_one(tokens, heads, kv_len, pool, repeats, backend):
   kv_indices = jax.random.randint(key, (tokens * kv_len,), 0, pool, jnp.int32)
   sink = jnp.zeros((heads,), jnp.float32)
   args = (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)
-  f = jax.jit(lambda *x: jax_mla.decode(*x, backend=backend))
-  compiled = f.lower(*args).compile()
-  mem = compiled.memory_analysis()
+  if backend == "host-persistent":  # decode_persistent on the host backend (128 heads)
+    # The workspace is threaded through the calls and donated, as a decoder would use it.
+    step = jax.jit(lambda ws, *x: jax_mla.decode_persistent(*x, ws, backend="host"),
+                   donate_argnums=0)
+    state = {"ws": jax_mla.make_workspace(num_partitions=PERSISTENT_PARTITIONS, max_rows=tokens)}
+    mem = step.lower(state["ws"], *args).compile().memory_analysis()
+
+    def f(*x):
+      out, lse, state["ws"] = step(state["ws"], *x)
+      return out, lse
+  else:
+    f = jax.jit(lambda *x: jax_mla.decode(*x, backend=backend))
+    mem = f.lower(*args).compile().memory_analysis()
   jax.block_until_ready(f(*args))
   times = []
   for _ in range(repeats):
@@ -57,7 +69,9 @@ def write_json(path, rows):
           "device": f"CPU ({platform.processor() or platform.machine()}, "
                     f"{os.cpu_count()} logical cores visible)",
           "jax": jax.__version__, "python": platform.python_version(),
-          "benchmark": "benchmarks/reference_cpu.py"}
+          "benchmark": "benchmarks/reference_cpu.py",
+          # Other work on the machine skews CPU timings: the 1-minute load average when done.
+          "load_average": round(os.getloadavg()[0], 2)}
   old = []
   if os.path.exists(path):
     with open(path) as f:
