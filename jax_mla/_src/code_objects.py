@@ -124,8 +124,16 @@ _verdicts: dict[tuple[str, int, int, manifest_lib.KernelEntry], Verdict] = {}
 
 
 def set_code_object_dir(path: str | os.PathLike[str] | None) -> None:
-  """Makes `path` the first place searched for code objects (None removes it), and forgets every
-  cached verdict. Raises NotADirectoryError when `path` is not an existing directory."""
+  """Makes `path` the first place searched for AMD's gfx950 code objects.
+
+  Args:
+    path: a directory holding the `.co` files directly (e.g. aiter's `hsa/gfx950/mla_v4`), or None
+      to remove the setting. Searched before `$JAX_MLA_HSA_DIR` and aiter installs
+      (docs/code_objects.md).
+
+  Every cached verdict is forgotten, so the next lookup re-finds and re-verifies its file.
+  Process-wide; returns None. Raises NotADirectoryError when `path` is not an existing directory.
+  """
   global _code_object_dir
   directory = None
   if path is not None:

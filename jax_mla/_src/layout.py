@@ -130,6 +130,11 @@ def unpack_rows(packed: jax.Array, rope: jax.Array, dtype=jnp.float32) -> jax.Ar
 def to_flashmla(packed: jax.Array, rope: jax.Array, block_size: int = 64) -> jax.Array:
   """Converts packed rows `[R, 512]` + rope `[R, 64]` to FlashMLA's MODEL1_FP8Sparse cache.
 
+  Args:
+    packed: uint8 `[R, 512]` packed rows (`pack_rows`); bytes 462..511 are not read.
+    rope: bf16 `[R, 64]`.
+    block_size: tokens per FlashMLA cache block; R must be a multiple of it.
+
   Returns uint8 `[R // block_size, block_size, 1, 584]`, the shape FlashMLA's k_cache has; within
   each block the bytes are `block_size x (448 fp8 + 128 RoPE bytes)` followed by
   `block_size x (7 e8m0 + 1 zero pad)`, so the "584-byte rows" of that shape are not tokens.

@@ -90,8 +90,18 @@ def make_workspace(num_partitions: int = 128, max_rows: int = MAX_ROWS, *,
                    allow_any_partitions: bool = False) -> Workspace:
   """A zeroed workspace for `decode_persistent` with P = num_partitions, N <= max_rows.
 
+  Args:
+    num_partitions: P, the kernel's work partitions (1..1024; a multiple of 8 unless
+      `allow_any_partitions=True`).
+    max_rows: the most query rows N a call may have (1..32768).
+    allow_any_partitions: accept a P that is not a multiple of 8.
+
+  Returns:
+    A `Workspace` of device arrays: o_acc f32 `[2P, 128, 512]`, lse_acc f32 `[2P, 128]`,
+    desc int32 `[P, 8]`, cnt uint32 `[143360]` (zero), arange int32 `[max_rows + 1]`.
+
   Memory: 2P*128*512*4 bytes of o_acc (64 MiB at P = 128, 512 MiB at P = 1024) plus about
-  0.6 MiB of counters and max_rows*4 bytes of arange.
+  0.6 MiB of counters and max_rows*4 bytes of arange. See docs/workspace.md.
   """
   check_partitions(num_partitions, allow_any_partitions)
   if isinstance(max_rows, bool) or not isinstance(max_rows, (int, np.integer)):
@@ -110,7 +120,15 @@ def make_workspace(num_partitions: int = 128, max_rows: int = MAX_ROWS, *,
 
 
 def reset_workspace(workspace: Workspace) -> Workspace:
-  """Zeroes the counters (and descriptors) after a call that did not complete; traceable."""
+  """Zeroes the counters (and descriptors) after a call that did not complete; traceable.
+
+  Args:
+    workspace: a `Workspace` (arrays or tracers), e.g. the one passed to a call that raised.
+
+  Returns:
+    A `Workspace` of the same shapes with cnt (uint32 `[143360]`) and desc (int32 `[P, 8]`)
+    zeroed; o_acc, lse_acc and arange are passed through unchanged.
+  """
   check_workspace(workspace)
   return dataclasses.replace(workspace, cnt=jnp.zeros_like(workspace.cnt),
                              desc=jnp.zeros_like(workspace.desc))
