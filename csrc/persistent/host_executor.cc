@@ -9,8 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "host/bf16.h"
+#include "host/row_format.h"
 #include "persistent/host_attention.h"
-#include "persistent/host_numerics.h"
 #include "persistent/kernargs.h"
 #include "persistent/plan.h"
 
@@ -291,7 +292,7 @@ class Workgroups {
 
   void FinishWholeRow(std::int64_t r, int half, host::PieceScratch& scratch) const {
     const float* partials[kHeadsPerWorkgroup];
-    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.acc.data() + static_cast<std::size_t>(h) * kHeadDim;
+    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.block.Acc(h);
     WriteRow(r, half, partials, scratch.lse2.data(), 1);
   }
 
@@ -300,7 +301,7 @@ class Workgroups {
     const std::size_t acc_slot = static_cast<std::size_t>(2 * p + slot);
     for (int h = 0; h < kHeadsPerWorkgroup; ++h) {
       const std::size_t head = static_cast<std::size_t>(half) * kHeadsPerWorkgroup + h;
-      std::copy_n(scratch.acc.data() + static_cast<std::size_t>(h) * kHeadDim, kHeadDim,
+      std::copy_n(scratch.block.Acc(h), kHeadDim,
                   a_.o_acc + (acc_slot * kHeads + head) * kHeadDim);
       a_.lse_acc[acc_slot * kHeads + head] = static_cast<float>(scratch.lse2[h]);
     }
