@@ -51,14 +51,14 @@ ffi::Error CpuImpl(Operand q, Operand q_rope, Operand kv, Operand kv_rope, Opera
         Collect(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, lse_acc, desc, cnt,
                 arange, out, lse, o_acc_out, lse_acc_out, desc_out, cnt_out, arange_out);
     PersistentProblem problem;
-    HostBounds bounds;
+    PersistentHostBounds bounds;
     Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
     if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch
     LaunchPlan plan;
     s = PlanPersistent(problem, &plan);
     if (!s.ok()) return ToFfiError(s);
-    HostExecOptions options;
+    PersistentHostOptions options;
     options.fill_unwritten_nan = fill_unwritten_nan;
     return ToFfiError(ExecutePersistentOnHost(plan, bounds, options));
   } catch (const std::exception& e) {
@@ -91,7 +91,7 @@ ffi::Error RocmImpl(hipStream_t stream, std::int32_t device, Operand q, Operand 
         Collect(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, lse_acc, desc, cnt,
                 arange, out, lse, o_acc_out, lse_acc_out, desc_out, cnt_out, arange_out);
     PersistentProblem problem;
-    HostBounds bounds;  // shapes only; device memory is never read here
+    PersistentHostBounds bounds;  // shapes only; device memory is never read here
     Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
     if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch

@@ -50,7 +50,7 @@ std::uint64_t Address(const ffi::AnyBuffer& b) {
 }  // namespace
 
 Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int num_partitions,
-                              PersistentProblem* problem, HostBounds* bounds) {
+                              PersistentProblem* problem, PersistentHostBounds* bounds) {
   const std::int64_t n = b.q.dimensions().size() == 3 ? b.q.dimensions()[0] : -1;
   const std::int64_t rows = b.kv.dimensions().size() == 2 ? b.kv.dimensions()[0] : -1;
   const std::int64_t p = num_partitions;
@@ -115,7 +115,7 @@ Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int n
   pr.return_lse = return_lse;
   *problem = pr;
 
-  HostBounds hb;
+  PersistentHostBounds hb;
   hb.q_rows = static_cast<std::uint64_t>(n);
   hb.kv_rows = static_cast<std::uint64_t>(rows);
   hb.kv_indptr_len = static_cast<std::uint64_t>(n + 1);

@@ -95,7 +95,7 @@ Args ReadArgs(const LaunchPlan& plan) {
 Status Invalid(const std::string& message) { return Status::InvalidArgument(kWho + message); }
 
 // The scalars the kernel hard-wires or requires; a wrong slot shows up here.
-Status CheckPlan(const LaunchPlan& plan, const Args& a, const HostBounds& b) {
+Status CheckPlan(const LaunchPlan& plan, const Args& a, const PersistentHostBounds& b) {
   if (plan.kernel != KernelId::kPersistentNmPs) return Invalid("the plan is not for the nm_ps kernel");
   if (a.num_heads != kPersistentHeads || a.one_090 != 1 || a.bf16_output != 1) {
     return Invalid("kernarg scalars at 0x080/0x090/0x0f0 must be 128/1/1, got " +
@@ -141,7 +141,7 @@ Status CheckPlan(const LaunchPlan& plan, const Args& a, const HostBounds& b) {
 
 // The in-kernel counters must be zero on entry; a previous call that failed midway leaves them
 // set, and the real kernel would then silently merge garbage.
-Status CheckCountersZero(const Args& a, const HostBounds& b) {
+Status CheckCountersZero(const Args& a, const PersistentHostBounds& b) {
   for (std::uint64_t i = 0; i < b.cnt_len; ++i) {
     if (a.cnt[i] != 0) {
       return Status::FailedPrecondition(
@@ -154,7 +154,7 @@ Status CheckCountersZero(const Args& a, const HostBounds& b) {
   return Status::Ok();
 }
 
-Status CheckIndices(const Args& a, const HostBounds& b) {
+Status CheckIndices(const Args& a, const PersistentHostBounds& b) {
   const std::uint32_t n = a.num_rows;
   for (std::uint32_t r = 0; r <= n; ++r) {
     if (a.qo_indptr[r] != static_cast<std::int32_t>(r)) {
@@ -332,8 +332,8 @@ class Workgroups {
 
 }  // namespace
 
-Status ExecutePersistentOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                               const HostExecOptions& options) {
+Status ExecutePersistentOnHost(const LaunchPlan& plan, const PersistentHostBounds& bounds,
+                               const PersistentHostOptions& options) {
   const Args a = ReadArgs(plan);
   JAX_MLA_RETURN_IF_ERROR(CheckPlan(plan, a, bounds));
   JAX_MLA_RETURN_IF_ERROR(CheckCountersZero(a, bounds));

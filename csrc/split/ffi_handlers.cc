@@ -73,7 +73,7 @@ struct Operands {
 
 // Checks every operand and result, and fills the problem (addresses, sizes) and the bounds.
 Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int32_t num_kv_splits,
-                    std::int32_t tokens_per_seq, SplitProblem* problem, HostBounds* bounds) {
+                    std::int32_t tokens_per_seq, SplitProblem* problem, SplitHostBounds* bounds) {
   const auto q_dims = in.q.dimensions();
   if (q_dims.size() != 3) {
     return Status::InvalidArgument("jax_mla_split_decode_v1: q must be [T, H, 512], got " +
@@ -143,7 +143,7 @@ Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int
   p.tokens_per_seq = tokens_per_seq;
   p.num_kv_splits = S;
   *problem = p;
-  *bounds = HostBounds{T, H, B, S, R, L};
+  *bounds = SplitHostBounds{T, H, B, S, R, L};
   return Status::Ok();
 }
 
@@ -156,14 +156,14 @@ ffi::Error SplitDecodeCpu(ffi::AnyBuffer q, ffi::AnyBuffer q_rope, ffi::AnyBuffe
   try {
     const Operands in{q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr, split_indptr};
     SplitProblem problem;
-    HostBounds bounds;
+    SplitHostBounds bounds;
     Status s = BuildProblem(in, rets, num_kv_splits, tokens_per_seq, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
     if (problem.num_seqs == 0) return ffi::Error::Success();  // empty batch: nothing to launch
     LaunchPlan plan;
     s = PlanSplit(problem, &plan);
     if (!s.ok()) return ToFfiError(s);
-    HostOptions options;
+    SplitHostOptions options;
     options.fill_unwritten_nan = fill_unwritten_nan;
     return ToFfiError(ExecuteSplitOnHost(plan, bounds, options));
   } catch (const std::exception& e) {  // e.g. std::thread or bad_alloc: never cross the boundary
@@ -189,7 +189,7 @@ ffi::Error SplitDecodeRocmExecute(hipStream_t stream, std::int32_t device, ffi::
   try {
     const Operands in{q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr, split_indptr};
     SplitProblem problem;
-    HostBounds bounds;
+    SplitHostBounds bounds;
     Status s = BuildProblem(in, rets, num_kv_splits, tokens_per_seq, &problem, &bounds);
     if (!s.ok()) return ToFfiError(s);
     if (problem.num_seqs == 0) return ffi::Error::Success();

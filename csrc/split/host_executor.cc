@@ -111,7 +111,7 @@ Status CheckIndptr(const std::int32_t* indptr, std::int64_t n, std::int64_t limi
 }
 
 // Refuses, before anything runs, whatever would read or write outside the buffers.
-Status Validate(const SplitArgs& a, const HostBounds& bounds, const LaunchPlan& plan) {
+Status Validate(const SplitArgs& a, const SplitHostBounds& bounds, const LaunchPlan& plan) {
   namespace s = split_slot;
   JAX_MLA_RETURN_IF_ERROR(CheckNonNull(a.out, "slot 0 (out / partials)"));
   JAX_MLA_RETURN_IF_ERROR(CheckNonNull(a.q, "slot 2 (q)"));
@@ -172,7 +172,7 @@ Status Validate(const SplitArgs& a, const HostBounds& bounds, const LaunchPlan& 
   return Status::Ok();
 }
 
-void FillUnwritten(const SplitArgs& a, const HostBounds& bounds) {
+void FillUnwritten(const SplitArgs& a, const SplitHostBounds& bounds) {
   const std::int64_t rows = bounds.q_tokens * bounds.num_heads;
   if (a.bf16_direct) {
     std::fill_n(static_cast<std::uint16_t*>(a.out), rows * kHeadDim, host::kBf16QuietNan);
@@ -247,8 +247,8 @@ void RunWorkgroup(const SplitArgs& a, std::int64_t x, std::int64_t b, std::int64
 
 }  // namespace
 
-Status ExecuteSplitOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                          const HostOptions& options) {
+Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
+                          const SplitHostOptions& options) {
   if (plan.kernel != KernelId::kSplitNm) return Invalid("the plan is not for the nm kernel");
   const SplitArgs args = Decode(plan);
   JAX_MLA_RETURN_IF_ERROR(Validate(args, bounds, plan));
