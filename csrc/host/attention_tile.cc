@@ -50,8 +50,10 @@ JAX_MLA_HOT_CLONES void TileScores(const float* q, const float* k, int rows, int
         a0 += x * r0; a1 += x * r1; a2 += x * r2; a3 += x * r3;
         b0 += y * r0; b1 += y * r1; b2 += y * r2; b3 += y * r3;
       }
-      sa[j] = LaneSum(a0); sa[j + 1] = LaneSum(a1); sa[j + 2] = LaneSum(a2); sa[j + 3] = LaneSum(a3);
-      sb[j] = LaneSum(b0); sb[j + 1] = LaneSum(b1); sb[j + 2] = LaneSum(b2); sb[j + 3] = LaneSum(b3);
+      sa[j] = LaneSum(a0); sa[j + 1] = LaneSum(a1);
+      sa[j + 2] = LaneSum(a2); sa[j + 3] = LaneSum(a3);
+      sb[j] = LaneSum(b0); sb[j + 1] = LaneSum(b1);
+      sb[j + 2] = LaneSum(b2); sb[j + 3] = LaneSum(b3);
     }
   }
 }
