@@ -1,15 +1,14 @@
 #include "persistent/host_executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "host/bf16.h"
+#include "host/parallel_workgroups.h"
 #include "host/row_format.h"
 #include "persistent/host_attention.h"
 #include "persistent/kernargs.h"
@@ -342,37 +341,14 @@ Status ExecutePersistentOnHost(const LaunchPlan& plan, const PersistentHostBound
 
   const Schedule schedule = MakeSchedule(a);
   const Workgroups workgroups(a, schedule);
-  const std::uint32_t num_workgroups = 2 * a.num_partitions;
-  unsigned threads = options.num_threads ? options.num_threads : std::thread::hardware_concurrency();
-  threads = std::max(1u, std::min<unsigned>(threads, num_workgroups));
   // Partitions with no tiles only write desc: not worth a thread.
-  if (schedule.total_tiles == 0) threads = 1;
-
-  std::atomic<std::uint32_t> next{0};
-  std::atomic<bool> failed{false};
-  auto worker = [&] {
-    try {  // an exception must not escape a thread (std::terminate) nor the FFI boundary
-      host::PieceScratch scratch;
-      for (std::uint32_t wg = next.fetch_add(1); wg < num_workgroups && !failed.load();
-           wg = next.fetch_add(1)) {
-        workgroups.Run(wg, scratch);
-      }
-    } catch (...) {
-      failed.store(true);
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (...) {
-      break;  // fewer threads: the calling thread's worker takes whatever is left
-    }
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (failed.load()) {
+  const unsigned max_threads = schedule.total_tiles == 0 ? 1 : options.num_threads;
+  const bool done = host::RunWorkgroups<host::PieceScratch>(
+      2 * std::int64_t{a.num_partitions}, max_threads,
+      [&](std::int64_t workgroup, host::PieceScratch& scratch) {
+        workgroups.Run(static_cast<std::uint32_t>(workgroup), scratch);
+      });
+  if (!done) {
     return Status::Internal(std::string(kWho) +
                             "a worker failed (out of memory?); the call did not complete and may "
                             "leave the workspace counters set: call jax_mla.reset_workspace");

@@ -1,16 +1,13 @@
 #include "split/host_executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 #include "host/attention_tile.h"
 #include "host/bf16.h"
+#include "host/parallel_workgroups.h"
 #include "host/row_format.h"
 #include "split/kernargs.h"
 #include "split/plan.h"
@@ -255,27 +252,17 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
   if (options.fill_unwritten_nan) FillUnwritten(args, bounds);
 
   const std::int64_t gx = plan.grid.x, gy = plan.grid.y, gz = plan.grid.z;
-  const std::int64_t total = gx * gy * gz;
-  int threads = options.num_threads > 0 ? options.num_threads
-                                        : static_cast<int>(std::thread::hardware_concurrency());
-  threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, total)));
-  std::atomic<std::int64_t> next{0};
-  auto worker = [&] {
-    host::QueryBlock block;
-    for (std::int64_t id = next++; id < total; id = next++) {
-      // x fastest, then split, then sequence: neighbouring ids share a sequence's KV rows.
-      const std::int64_t x = id % gx, z = (id / gx) % gz, y = id / (gx * gz);
-      RunWorkgroup(args, x, y, z, block);
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  } catch (const std::system_error&) {
-    // No more threads available: the ones started and this one share the remaining work.
+  const unsigned max_threads = options.num_threads > 0 ? options.num_threads : 0;
+  const bool done = host::RunWorkgroups<host::QueryBlock>(
+      gx * gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
+        // x fastest, then split, then sequence: neighbouring ids share a sequence's KV rows.
+        const std::int64_t x = id % gx, z = (id / gx) % gz, y = id / (gx * gz);
+        RunWorkgroup(args, x, y, z, block);
+      });
+  if (!done) {
+    return Status::Internal(
+        "jax_mla host split executor: a worker failed (out of memory?); outputs are incomplete");
   }
-  worker();
-  for (std::thread& t : pool) t.join();
   return Status::Ok();
 }
 
