@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/ffi_operands.h"
@@ -178,21 +179,27 @@ ffi::Error SplitDecodeRocmExecute(hipStream_t stream, std::int32_t device, ffi::
   }
 }
 
+// The nine operands and the results, bound alike by the cpu and ROCm execute handlers.
+template <typename Binding>
+auto BindBuffers(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()  // q
+      .template Arg<ffi::AnyBuffer>()  // q_rope
+      .template Arg<ffi::AnyBuffer>()  // kv
+      .template Arg<ffi::AnyBuffer>()  // kv_rope
+      .template Arg<ffi::AnyBuffer>()  // kv_indptr
+      .template Arg<ffi::AnyBuffer>()  // kv_indices
+      .template Arg<ffi::AnyBuffer>()  // sink
+      .template Arg<ffi::AnyBuffer>()  // qo_indptr
+      .template Arg<ffi::AnyBuffer>()  // split_indptr
+      .RemainingRets();
+}
+
 }  // namespace
 }  // namespace jax_mla
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeCpu, jax_mla::SplitDecodeCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // q_rope
-                                  .Arg<ffi::AnyBuffer>()  // kv
-                                  .Arg<ffi::AnyBuffer>()  // kv_rope
-                                  .Arg<ffi::AnyBuffer>()  // kv_indptr
-                                  .Arg<ffi::AnyBuffer>()  // kv_indices
-                                  .Arg<ffi::AnyBuffer>()  // sink
-                                  .Arg<ffi::AnyBuffer>()  // qo_indptr
-                                  .Arg<ffi::AnyBuffer>()  // split_indptr
-                                  .RemainingRets()
+                              jax_mla::BindBuffers(ffi::Ffi::Bind())
                                   .Attr<std::int32_t>("num_kv_splits")
                                   .Attr<std::int32_t>("tokens_per_seq")
                                   .Attr<bool>("fill_unwritten_nan"));
@@ -202,19 +209,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeRocmInitialize, jax_mla::SplitDec
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeRocmExecute, jax_mla::SplitDecodeRocmExecute,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // q_rope
-                                  .Arg<ffi::AnyBuffer>()  // kv
-                                  .Arg<ffi::AnyBuffer>()  // kv_rope
-                                  .Arg<ffi::AnyBuffer>()  // kv_indptr
-                                  .Arg<ffi::AnyBuffer>()  // kv_indices
-                                  .Arg<ffi::AnyBuffer>()  // sink
-                                  .Arg<ffi::AnyBuffer>()  // qo_indptr
-                                  .Arg<ffi::AnyBuffer>()  // split_indptr
-                                  .RemainingRets()
+                              jax_mla::BindBuffers(ffi::Ffi::Bind()
+                                                       .Ctx<ffi::PlatformStream<hipStream_t>>()
+                                                       .Ctx<ffi::DeviceOrdinal>())
                                   .Attr<std::int32_t>("num_kv_splits")
                                   .Attr<std::int32_t>("tokens_per_seq"),
                               {ffi::Traits::kCmdBufferCompatible});
