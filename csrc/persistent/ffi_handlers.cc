@@ -41,6 +41,18 @@ PersistentBuffers Collect(Operand q, Operand q_rope, Operand kv, Operand kv_rope
                            *cnt_out, *arange_out};
 }
 
+// Checks the buffers and plans the launch; *empty when there are no rows (the handler then
+// launches nothing).
+Status PlanFromBuffers(const PersistentBuffers& buffers, bool return_lse,
+                       std::int32_t num_partitions, LaunchPlan* plan, PersistentHostBounds* bounds,
+                       bool* empty) {
+  PersistentProblem problem;
+  JAX_MLA_RETURN_IF_ERROR(
+      BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, bounds));
+  *empty = problem.num_rows == 0;
+  return *empty ? Status::Ok() : PlanPersistent(problem, plan);
+}
+
 ffi::Error CpuImpl(Operand q, Operand q_rope, Operand kv, Operand kv_rope, Operand kv_indptr,
                    Operand kv_indices, Operand sink, Operand o_acc, Operand lse_acc, Operand desc,
                    Operand cnt, Operand arange, Result out, Result lse, Result o_acc_out,
@@ -50,15 +62,13 @@ ffi::Error CpuImpl(Operand q, Operand q_rope, Operand kv, Operand kv_rope, Opera
     const PersistentBuffers buffers =
         Collect(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, lse_acc, desc, cnt,
                 arange, out, lse, o_acc_out, lse_acc_out, desc_out, cnt_out, arange_out);
-    PersistentProblem problem;
-    HostBounds bounds;
-    Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
-    if (!s.ok()) return ToFfiError(s);
-    if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch
     LaunchPlan plan;
-    s = PlanPersistent(problem, &plan);
-    if (!s.ok()) return ToFfiError(s);
-    HostExecOptions options;
+    PersistentHostBounds bounds;
+    bool empty = false;
+    const Status s =
+        PlanFromBuffers(buffers, return_lse, num_partitions, &plan, &bounds, &empty);
+    if (!s.ok() || empty) return ToFfiError(s);
+    PersistentHostOptions options;
     options.fill_unwritten_nan = fill_unwritten_nan;
     return ToFfiError(ExecutePersistentOnHost(plan, bounds, options));
   } catch (const std::exception& e) {
@@ -90,14 +100,12 @@ ffi::Error RocmImpl(hipStream_t stream, std::int32_t device, Operand q, Operand 
     const PersistentBuffers buffers =
         Collect(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, lse_acc, desc, cnt,
                 arange, out, lse, o_acc_out, lse_acc_out, desc_out, cnt_out, arange_out);
-    PersistentProblem problem;
-    HostBounds bounds;  // shapes only; device memory is never read here
-    Status s = BuildPersistentProblem(buffers, return_lse, num_partitions, &problem, &bounds);
-    if (!s.ok()) return ToFfiError(s);
-    if (problem.num_rows == 0) return ffi::Error::Success();  // nothing to launch
     LaunchPlan plan;
-    s = PlanPersistent(problem, &plan);
-    if (!s.ok()) return ToFfiError(s);
+    PersistentHostBounds bounds;  // shapes only: device memory is never read here
+    bool empty = false;
+    const Status s =
+        PlanFromBuffers(buffers, return_lse, num_partitions, &plan, &bounds, &empty);
+    if (!s.ok() || empty) return ToFfiError(s);
     return ToFfiError(LaunchOnHip(plan, stream, device));
   } catch (const std::exception& e) {
     return Fail(e.what());

@@ -1,89 +1,68 @@
 #include "persistent/ffi_problem.h"
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
+#include <vector>
+
+#include "common/ffi_operands.h"
 
 namespace jax_mla {
 namespace {
 
 namespace ffi = xla::ffi;
 
-std::string DimsToString(ffi::Span<const std::int64_t> dims) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
-// `expected` entries < 0 match any extent.
-Status CheckBuffer(const ffi::AnyBuffer& buffer, ffi::DataType dtype,
-                   std::initializer_list<std::int64_t> expected, const char* name) {
-  const auto dims = buffer.dimensions();
-  bool ok = buffer.element_type() == dtype && dims.size() == expected.size();
-  std::size_t i = 0;
-  for (std::int64_t e : expected) {
-    if (ok && e >= 0 && dims[i] != e) ok = false;
-    ++i;
-  }
-  if (ok) return Status::Ok();
-  std::string want = "[";
-  i = 0;
-  for (std::int64_t e : expected) want += (i++ ? ", " : "") + (e < 0 ? std::string("?") : std::to_string(e));
-  return Status::InvalidArgument(
-      std::string("jax_mla_persistent_decode_v1: ") + name + " must be dtype " +
-      std::to_string(static_cast<int>(dtype)) + " shape " + want + "], got dtype " +
-      std::to_string(static_cast<int>(buffer.element_type())) + " shape " + DimsToString(dims));
-}
-
-// XLA may hand a zero-element buffer (no kv_indices when every row is empty, an empty kv pool)
-// a null address; the plan refuses nulls, so such a buffer gets a dummy that is never read
-// (its bounds say 0 entries).
-const std::uint64_t kNeverRead[2] = {0, 0};
-
-std::uint64_t Address(const ffi::AnyBuffer& b) {
-  if (b.untyped_data() == nullptr && b.element_count() == 0) {
-    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(kNeverRead));
-  }
-  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(b.untyped_data()));
-}
+constexpr char kWho[] = "jax_mla_persistent_decode_v1";
 
 }  // namespace
 
 Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int num_partitions,
-                              PersistentProblem* problem, HostBounds* bounds) {
-  const std::int64_t n = b.q.dimensions().size() == 3 ? b.q.dimensions()[0] : -1;
-  const std::int64_t rows = b.kv.dimensions().size() == 2 ? b.kv.dimensions()[0] : -1;
+                              PersistentProblem* problem, PersistentHostBounds* bounds) {
+  const std::int64_t n = LeadingExtent(b.q, 3);
+  const std::int64_t rows = LeadingExtent(b.kv, 2);
   const std::int64_t p = num_partitions;
   const std::int64_t h = kPersistentHeads;
   if (n < 0 || rows < 0) {
     return Status::InvalidArgument("jax_mla_persistent_decode_v1: q must be [N, 128, 512] and kv "
-                                   "[rows, 512], got q " + DimsToString(b.q.dimensions()) +
-                                   " kv " + DimsToString(b.kv.dimensions()));
+                                   "[rows, 512], got q " + DimsText(b.q.dimensions()) +
+                                   " kv " + DimsText(b.kv.dimensions()));
   }
   if (p < 1 || p > kPersistentMaxPartitions) {
     return Status::InvalidArgument("jax_mla_persistent_decode_v1: num_partitions must be in "
                                    "[1, 1024], got " + std::to_string(p));
   }
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.q, ffi::U8, {n, h, 512}, "q"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.q_rope, ffi::BF16, {n, h, 64}, "q_rope"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.kv, ffi::U8, {rows, 512}, "kv"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.kv_rope, ffi::BF16, {rows, 64}, "kv_rope"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.kv_indptr, ffi::S32, {n + 1}, "kv_indptr"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.kv_indices, ffi::S32, {-1}, "kv_indices"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.sink, ffi::F32, {h}, "sink"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.o_acc, ffi::F32, {2 * p, h, 512}, "o_acc"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.lse_acc, ffi::F32, {2 * p, h}, "lse_acc"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.desc, ffi::S32, {p, 8}, "desc"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.cnt, ffi::U32, {kPersistentCntEntries}, "cnt"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.arange, ffi::S32, {-1}, "arange"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.out, ffi::BF16, {n, h, 512}, "out"));
-  JAX_MLA_RETURN_IF_ERROR(CheckBuffer(b.lse, ffi::F32, {return_lse ? n : 0, h}, "lse"));
+  const struct {
+    const ffi::AnyBuffer& buffer;
+    const char* name;
+    ffi::DataType dtype;
+    std::vector<std::int64_t> dims;
+  } buffers[] = {
+      {b.q, "q (operand 0)", ffi::U8, {n, h, 512}},
+      {b.q_rope, "q_rope (operand 1)", ffi::BF16, {n, h, 64}},
+      {b.kv, "kv (operand 2)", ffi::U8, {rows, 512}},
+      {b.kv_rope, "kv_rope (operand 3)", ffi::BF16, {rows, 64}},
+      {b.kv_indptr, "kv_indptr (operand 4)", ffi::S32, {n + 1}},
+      {b.kv_indices, "kv_indices (operand 5)", ffi::S32, {kAnyExtent}},
+      {b.sink, "sink (operand 6)", ffi::F32, {h}},
+      {b.o_acc, "o_acc (operand 7)", ffi::F32, {2 * p, h, 512}},
+      {b.lse_acc, "lse_acc (operand 8)", ffi::F32, {2 * p, h}},
+      {b.desc, "desc (operand 9)", ffi::S32, {p, 8}},
+      {b.cnt, "cnt (operand 10)", ffi::U32, {kPersistentCntEntries}},
+      {b.arange, "arange (operand 11)", ffi::S32, {kAnyExtent}},
+      {b.out, "out (result 0)", ffi::BF16, {n, h, 512}},
+      {b.lse, "lse (result 1)", ffi::F32, {return_lse ? n : 0, h}}};
+  for (const auto& x : buffers) {
+    JAX_MLA_RETURN_IF_ERROR(CheckOperand(x.buffer, kWho, x.name, x.dtype, x.dims));
+  }
   if (b.arange.dimensions()[0] < n + 1) {
     return Status::InvalidArgument("jax_mla_persistent_decode_v1: the workspace's arange has " +
                                    std::to_string(b.arange.dimensions()[0]) + " entries, N=" +
                                    std::to_string(n) + " needs N+1");
   }
-  const struct { const ffi::AnyBuffer& in; const ffi::AnyBuffer& out; const char* name; } aliases[] = {
+  const struct {
+    const ffi::AnyBuffer& in;
+    const ffi::AnyBuffer& out;
+    const char* name;
+  } aliases[] = {
       {b.o_acc, b.o_acc_out, "o_acc"}, {b.lse_acc, b.lse_acc_out, "lse_acc"},
       {b.desc, b.desc_out, "desc"}, {b.cnt, b.cnt_out, "cnt"}, {b.arange, b.arange_out, "arange"}};
   for (const auto& a : aliases) {
@@ -95,27 +74,27 @@ Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int n
   }
 
   PersistentProblem pr;
-  pr.q = Address(b.q);
-  pr.q_rope = Address(b.q_rope);
-  pr.kv = Address(b.kv);
-  pr.kv_rope = Address(b.kv_rope);
-  pr.kv_indptr = Address(b.kv_indptr);
-  pr.kv_indices = Address(b.kv_indices);
-  pr.sink = Address(b.sink);
-  pr.out = Address(b.out);
-  pr.lse = return_lse ? Address(b.lse) : 0;
-  pr.o_acc = Address(b.o_acc);
-  pr.lse_acc = Address(b.lse_acc);
-  pr.desc = Address(b.desc);
-  pr.cnt = Address(b.cnt);
-  pr.arange = Address(b.arange);
+  pr.q = OperandAddress(b.q);
+  pr.q_rope = OperandAddress(b.q_rope);
+  pr.kv = OperandAddress(b.kv);
+  pr.kv_rope = OperandAddress(b.kv_rope);
+  pr.kv_indptr = OperandAddress(b.kv_indptr);
+  pr.kv_indices = OperandAddress(b.kv_indices);
+  pr.sink = OperandAddress(b.sink);
+  pr.out = OperandAddress(b.out);
+  pr.lse = return_lse ? OperandAddress(b.lse) : 0;
+  pr.o_acc = OperandAddress(b.o_acc);
+  pr.lse_acc = OperandAddress(b.lse_acc);
+  pr.desc = OperandAddress(b.desc);
+  pr.cnt = OperandAddress(b.cnt);
+  pr.arange = OperandAddress(b.arange);
   pr.num_rows = static_cast<std::uint32_t>(n > kPersistentMaxRows ? kPersistentMaxRows + 1 : n);
   pr.num_partitions = static_cast<std::uint32_t>(p);
   pr.num_heads = static_cast<std::uint32_t>(b.q.dimensions()[1]);
   pr.return_lse = return_lse;
   *problem = pr;
 
-  HostBounds hb;
+  PersistentHostBounds hb;
   hb.q_rows = static_cast<std::uint64_t>(n);
   hb.kv_rows = static_cast<std::uint64_t>(rows);
   hb.kv_indptr_len = static_cast<std::uint64_t>(n + 1);

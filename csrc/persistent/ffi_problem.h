@@ -1,6 +1,7 @@
 // From the FFI buffers of a jax_mla_persistent_decode_v1 call to the plain PersistentProblem (and
-// the HostBounds the host executor checks against). Cheap re-checks of what Python already
-// checked: dtypes, ranks, consistent extents, and that the workspace results alias their operands.
+// the PersistentHostBounds the host executor checks against). Cheap re-checks of what Python
+// already checked: dtypes, ranks, consistent extents, and that the workspace results alias their
+// operands.
 #ifndef JAX_MLA_PERSISTENT_FFI_PROBLEM_H_
 #define JAX_MLA_PERSISTENT_FFI_PROBLEM_H_
 
@@ -22,7 +23,7 @@ struct PersistentBuffers {
 // return_lse: lse is [N, 128] and written; otherwise lse is [0, 128] and the kernarg holds 0.
 // num_partitions: the P the caller's workspace was made for, re-checked against its shapes.
 Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int num_partitions,
-                              PersistentProblem* problem, HostBounds* bounds);
+                              PersistentProblem* problem, PersistentHostBounds* bounds);
 
 }  // namespace jax_mla
 

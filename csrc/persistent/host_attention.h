@@ -1,32 +1,22 @@
-// The arithmetic of one workgroup of the persistent kernel on the host: attention of 64 query
-// heads of one row over a run of its KV entries (a "piece"), and the merge of a row's pieces with
-// the sink. fp32 throughout, like the kernel; the merge's scalars in double so that large finite
-// sinks stay finite.
+// The persistent kernel's own arithmetic on top of the shared tile core (host/attention_tile.h):
+// a piece (64 query heads of one row over a run of its KV entries) normalised with its log2
+// denominator, and the merge of a row's pieces with the sink. The merge's scalars are in double
+// so that large finite sinks stay finite.
 #ifndef JAX_MLA_PERSISTENT_HOST_ATTENTION_H_
 #define JAX_MLA_PERSISTENT_HOST_ATTENTION_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "host/attention_tile.h"
+
 namespace jax_mla::host {
 
-inline constexpr int kHeadDim = 512;      // 448 fp8 NoPE + 64 bf16 RoPE
-inline constexpr int kNopeDim = 448;
-inline constexpr int kRopeDim = 64;
-inline constexpr int kRowBytes = 512;     // packed row; bytes 462..511 are padding, never read
-inline constexpr int kTileTokens = 32;    // the kernel's KV tile
-inline constexpr int kHeadsPerWorkgroup = 64;
-
-// Dequantizes one packed row (448 fp8 bytes with 7 e8m0 scales at bytes 448, 450, ..., 460) plus
-// its 64 bf16 RoPE values into 512 floats.
-void DequantizeRow(const std::uint8_t* packed, const std::uint16_t* rope, float* out);
+inline constexpr int kHeadsPerWorkgroup = kMaxQueryRows;
 
 // Per-thread buffers, reused across pieces.
 struct PieceScratch {
-  std::vector<float> q = std::vector<float>(kHeadsPerWorkgroup * kHeadDim);
-  std::vector<float> k = std::vector<float>(kTileTokens * kHeadDim);     // [token][dim]
-  std::vector<float> scores = std::vector<float>(kHeadsPerWorkgroup * kTileTokens);
-  std::vector<float> acc = std::vector<float>(kHeadsPerWorkgroup * kHeadDim);
+  QueryBlock block;
   std::vector<double> lse2 = std::vector<double>(kHeadsPerWorkgroup);
 };
 
@@ -42,8 +32,8 @@ struct PieceInputs {
   float softmax_scale;
 };
 
-// Leaves in scratch.acc the normalised partial output [64, 512] (sum_n p_n v_n / sum_n p_n) and
-// in scratch.lse2 the partial log2 denominator log2(sum_n exp(s_n)), no sink.
+// Leaves in scratch.block.acc the normalised partial output [64, 512] (sum_n p_n v_n / sum_n p_n)
+// and in scratch.lse2 the partial log2 denominator log2(sum_n exp(s_n)), no sink.
 void AttendPiece(const PieceInputs& in, PieceScratch& scratch);
 
 // Merges pieces of one head (partial outputs o_i[512], log2 lse_i) with the sink (natural log,

@@ -1,16 +1,16 @@
 #include "persistent/host_executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "host/bf16.h"
+#include "host/parallel_workgroups.h"
+#include "host/row_format.h"
 #include "persistent/host_attention.h"
-#include "persistent/host_numerics.h"
 #include "persistent/kernargs.h"
 #include "persistent/plan.h"
 
@@ -94,7 +94,7 @@ Args ReadArgs(const LaunchPlan& plan) {
 Status Invalid(const std::string& message) { return Status::InvalidArgument(kWho + message); }
 
 // The scalars the kernel hard-wires or requires; a wrong slot shows up here.
-Status CheckPlan(const LaunchPlan& plan, const Args& a, const HostBounds& b) {
+Status CheckPlan(const LaunchPlan& plan, const Args& a, const PersistentHostBounds& b) {
   if (plan.kernel != KernelId::kPersistentNmPs) return Invalid("the plan is not for the nm_ps kernel");
   if (a.num_heads != kPersistentHeads || a.one_090 != 1 || a.bf16_output != 1) {
     return Invalid("kernarg scalars at 0x080/0x090/0x0f0 must be 128/1/1, got " +
@@ -140,7 +140,7 @@ Status CheckPlan(const LaunchPlan& plan, const Args& a, const HostBounds& b) {
 
 // The in-kernel counters must be zero on entry; a previous call that failed midway leaves them
 // set, and the real kernel would then silently merge garbage.
-Status CheckCountersZero(const Args& a, const HostBounds& b) {
+Status CheckCountersZero(const Args& a, const PersistentHostBounds& b) {
   for (std::uint64_t i = 0; i < b.cnt_len; ++i) {
     if (a.cnt[i] != 0) {
       return Status::FailedPrecondition(
@@ -153,7 +153,7 @@ Status CheckCountersZero(const Args& a, const HostBounds& b) {
   return Status::Ok();
 }
 
-Status CheckIndices(const Args& a, const HostBounds& b) {
+Status CheckIndices(const Args& a, const PersistentHostBounds& b) {
   const std::uint32_t n = a.num_rows;
   for (std::uint32_t r = 0; r <= n; ++r) {
     if (a.qo_indptr[r] != static_cast<std::int32_t>(r)) {
@@ -291,7 +291,7 @@ class Workgroups {
 
   void FinishWholeRow(std::int64_t r, int half, host::PieceScratch& scratch) const {
     const float* partials[kHeadsPerWorkgroup];
-    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.acc.data() + static_cast<std::size_t>(h) * kHeadDim;
+    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.block.Acc(h);
     WriteRow(r, half, partials, scratch.lse2.data(), 1);
   }
 
@@ -300,7 +300,7 @@ class Workgroups {
     const std::size_t acc_slot = static_cast<std::size_t>(2 * p + slot);
     for (int h = 0; h < kHeadsPerWorkgroup; ++h) {
       const std::size_t head = static_cast<std::size_t>(half) * kHeadsPerWorkgroup + h;
-      std::copy_n(scratch.acc.data() + static_cast<std::size_t>(h) * kHeadDim, kHeadDim,
+      std::copy_n(scratch.block.Acc(h), kHeadDim,
                   a_.o_acc + (acc_slot * kHeads + head) * kHeadDim);
       a_.lse_acc[acc_slot * kHeads + head] = static_cast<float>(scratch.lse2[h]);
     }
@@ -331,8 +331,8 @@ class Workgroups {
 
 }  // namespace
 
-Status ExecutePersistentOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                               const HostExecOptions& options) {
+Status ExecutePersistentOnHost(const LaunchPlan& plan, const PersistentHostBounds& bounds,
+                               const PersistentHostOptions& options) {
   const Args a = ReadArgs(plan);
   JAX_MLA_RETURN_IF_ERROR(CheckPlan(plan, a, bounds));
   JAX_MLA_RETURN_IF_ERROR(CheckCountersZero(a, bounds));
@@ -341,37 +341,14 @@ Status ExecutePersistentOnHost(const LaunchPlan& plan, const HostBounds& bounds,
 
   const Schedule schedule = MakeSchedule(a);
   const Workgroups workgroups(a, schedule);
-  const std::uint32_t num_workgroups = 2 * a.num_partitions;
-  unsigned threads = options.num_threads ? options.num_threads : std::thread::hardware_concurrency();
-  threads = std::max(1u, std::min<unsigned>(threads, num_workgroups));
   // Partitions with no tiles only write desc: not worth a thread.
-  if (schedule.total_tiles == 0) threads = 1;
-
-  std::atomic<std::uint32_t> next{0};
-  std::atomic<bool> failed{false};
-  auto worker = [&] {
-    try {  // an exception must not escape a thread (std::terminate) nor the FFI boundary
-      host::PieceScratch scratch;
-      for (std::uint32_t wg = next.fetch_add(1); wg < num_workgroups && !failed.load();
-           wg = next.fetch_add(1)) {
-        workgroups.Run(wg, scratch);
-      }
-    } catch (...) {
-      failed.store(true);
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (...) {
-      break;  // fewer threads: the calling thread's worker takes whatever is left
-    }
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (failed.load()) {
+  const unsigned max_threads = schedule.total_tiles == 0 ? 1 : options.num_threads;
+  const bool done = host::RunWorkgroups<host::PieceScratch>(
+      2 * std::int64_t{a.num_partitions}, max_threads,
+      [&](std::int64_t workgroup, host::PieceScratch& scratch) {
+        workgroups.Run(static_cast<std::uint32_t>(workgroup), scratch);
+      });
+  if (!done) {
     return Status::Internal(std::string(kWho) +
                             "a worker failed (out of memory?); the call did not complete and may "
                             "leave the workspace counters set: call jax_mla.reset_workspace");

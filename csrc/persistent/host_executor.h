@@ -31,7 +31,7 @@ namespace jax_mla {
 // Buffer extents in elements of the buffers the plan points at. Used only to refuse reads and
 // writes outside them (an out-of-range kv index would be a wild read on the GPU); never as a
 // second route for addresses or the problem's scalars.
-struct HostBounds {
+struct PersistentHostBounds {
   std::uint64_t q_rows = 0;           // q [q_rows, 128, 512] u8, q_rope [q_rows, 128, 64]
   std::uint64_t kv_rows = 0;          // kv [kv_rows, 512] u8, kv_rope [kv_rows, 64]
   std::uint64_t kv_indptr_len = 0;
@@ -44,7 +44,7 @@ struct HostBounds {
   std::uint64_t arange_len = 0;
 };
 
-struct HostExecOptions {
+struct PersistentHostOptions {
   // First fill what the kernel leaves unwritten (out and lse of rows with K = 0) with NaN, so
   // tests can see that the public wrapper's fix-up covers exactly those rows.
   bool fill_unwritten_nan = false;
@@ -54,8 +54,8 @@ struct HostExecOptions {
 
 // InvalidArgument for a malformed plan or an index outside `bounds` (naming the entry);
 // FailedPrecondition when the workspace counters are not all zero on entry.
-Status ExecutePersistentOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                               const HostExecOptions& options);
+Status ExecutePersistentOnHost(const LaunchPlan& plan, const PersistentHostBounds& bounds,
+                               const PersistentHostOptions& options);
 
 }  // namespace jax_mla
 

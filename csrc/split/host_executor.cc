@@ -1,92 +1,28 @@
 #include "split/host_executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <vector>
 
+#include "host/attention_tile.h"
+#include "host/bf16.h"
+#include "host/parallel_workgroups.h"
+#include "host/row_format.h"
 #include "split/kernargs.h"
 #include "split/plan.h"
 
 namespace jax_mla {
 namespace {
 
-constexpr int kDim = 512;       // dequantized row width (448 NoPE + 64 RoPE)
-constexpr int kNope = 448;
-constexpr int kRope = 64;
-constexpr int kRowBytes = 512;  // packed row
-constexpr int kScaleByte = 448;
-constexpr int kTiles = 7;
+using host::kHeadDim;
+using host::kRopeDim;
+using host::kRowBytes;
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-float E4m3fnToFloat(int b) {
-  const int exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
-  if (exponent == 0xF && mantissa == 0x7) return kNan;  // e4m3fn has no inf; S.1111.111 is NaN
-  const float magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0f, -6)
-                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
-  return (b & 0x80) ? -magnitude : magnitude;
-}
-
-struct DequantTables {
-  float e4m3fn[256];
-  float e8m0[256];
-  DequantTables() {
-    for (int b = 0; b < 256; ++b) {
-      e4m3fn[b] = E4m3fnToFloat(b);
-      e8m0[b] = b == 0xFF ? kNan : std::ldexp(1.0f, b - 127);
-    }
-  }
-};
-const DequantTables& Tables() {
-  static const DequantTables tables;
-  return tables;
-}
-
-float Bf16ToFloat(std::uint16_t bits) {
-  const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, 4);
-  return f;
-}
-
-std::uint16_t FloatToBf16(float f) {  // round to nearest even, NaN stays NaN
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<std::uint16_t>(bits >> 16);
-}
-
-// Bytes 0..447 with the first copy of each tile's scale (bytes 448 + 2t), then the bf16 rope.
-// Bytes 449 + 2t (the second copies) and 462..511 (padding) are never read.
-void DequantizeRow(const std::uint8_t* packed, const std::uint16_t* rope, float* out) {
-  const DequantTables& t = Tables();
-  for (int tile = 0; tile < kTiles; ++tile) {
-    const float scale = t.e8m0[packed[kScaleByte + 2 * tile]];
-    const std::uint8_t* src = packed + 64 * tile;
-    float* dst = out + 64 * tile;
-    for (int i = 0; i < 64; ++i) dst[i] = t.e4m3fn[src[i]] * scale;
-  }
-  for (int i = 0; i < kRope; ++i) out[kNope + i] = Bf16ToFloat(rope[i]);
-}
-
-// 16 independent lanes so g++ -O3 vectorizes the reduction without -ffast-math.
-float Dot512(const float* a, const float* b) {
-  float lanes[16] = {};
-  for (int i = 0; i < kDim; i += 16) {
-    for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * b[i + j];
-  }
-  float sum = 0.0f;
-  for (int j = 0; j < 16; ++j) sum += lanes[j];
-  return sum;
-}
+// The shared tile core is the kernel's workgroup: 64 query rows, 32-entry KV tiles.
+static_assert(kSplitMaxSubQ == host::kMaxQueryRows && kSplitKvTile == host::kTileTokens);
 
 float LogAddExp(float a, float b) {
   const float hi = std::max(a, b), lo = std::min(a, b);
@@ -172,7 +108,7 @@ Status CheckIndptr(const std::int32_t* indptr, std::int64_t n, std::int64_t limi
 }
 
 // Refuses, before anything runs, whatever would read or write outside the buffers.
-Status Validate(const SplitArgs& a, const HostBounds& bounds, const LaunchPlan& plan) {
+Status Validate(const SplitArgs& a, const SplitHostBounds& bounds, const LaunchPlan& plan) {
   namespace s = split_slot;
   JAX_MLA_RETURN_IF_ERROR(CheckNonNull(a.out, "slot 0 (out / partials)"));
   JAX_MLA_RETURN_IF_ERROR(CheckNonNull(a.q, "slot 2 (q)"));
@@ -233,41 +169,31 @@ Status Validate(const SplitArgs& a, const HostBounds& bounds, const LaunchPlan& 
   return Status::Ok();
 }
 
-void FillUnwritten(const SplitArgs& a, const HostBounds& bounds) {
+void FillUnwritten(const SplitArgs& a, const SplitHostBounds& bounds) {
   const std::int64_t rows = bounds.q_tokens * bounds.num_heads;
   if (a.bf16_direct) {
-    std::fill_n(static_cast<std::uint16_t*>(a.out), rows * kDim, std::uint16_t{0x7FC0});
+    std::fill_n(static_cast<std::uint16_t*>(a.out), rows * kHeadDim, host::kBf16QuietNan);
   } else {
-    std::fill_n(static_cast<float*>(a.out), rows * a.num_splits * kDim, kNan);
+    std::fill_n(static_cast<float*>(a.out), rows * a.num_splits * kHeadDim, kNan);
     std::fill_n(a.partial_lse, rows * a.num_splits, kNan);
   }
   // -1 makes the merge see no valid split, so a count the kernel failed to write shows up.
   if (a.valid_split_count) std::fill_n(a.valid_split_count, bounds.num_seqs, -1);
 }
 
-// Per-thread buffers for one workgroup: up to 64 query rows and one 32-entry KV tile.
-struct Scratch {
-  std::vector<float> q = std::vector<float>(kSplitMaxSubQ * kDim);
-  std::vector<float> acc = std::vector<float>(kSplitMaxSubQ * kDim);
-  std::vector<float> kv = std::vector<float>(kSplitKvTile * kDim);
-  std::vector<float> row_max = std::vector<float>(kSplitMaxSubQ);
-  std::vector<float> row_sum = std::vector<float>(kSplitMaxSubQ);
-  float scores[kSplitKvTile];
-};
-
 void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, std::int64_t split,
                     const float* acc, float row_max, float row_sum) {
   const float sink = a.sink[head];
   const std::int64_t heads = a.gqa;
   if (a.bf16_direct) {  // final output: the sink joins the denominator only
-    std::uint16_t* out = static_cast<std::uint16_t*>(a.out) + (token * heads + head) * kDim;
+    std::uint16_t* out = static_cast<std::uint16_t*>(a.out) + (token * heads + head) * kHeadDim;
     float factor = 0.0f;  // +inf sink: every probability is 0
     if (sink != kInf) {
       const float m = std::max(row_max, sink);
       const float kept = std::exp(row_max - m);
       factor = kept / (row_sum * kept + std::exp(sink - m));
     }
-    for (int d = 0; d < kDim; ++d) out[d] = FloatToBf16(acc[d] * factor);
+    for (int d = 0; d < kHeadDim; ++d) out[d] = host::FloatToBf16(acc[d] * factor);
     return;
   }
   float lse = row_max + std::log(row_sum);
@@ -278,13 +204,13 @@ void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, s
     lse = folded;
   }
   const std::int64_t slot = (token * a.num_splits + split) * heads + head;
-  float* out = static_cast<float*>(a.out) + slot * kDim;
-  for (int d = 0; d < kDim; ++d) out[d] = acc[d] * factor;
+  float* out = static_cast<float*>(a.out) + slot * kHeadDim;
+  for (int d = 0; d < kHeadDim; ++d) out[d] = acc[d] * factor;
   a.partial_lse[slot] = lse;
 }
 
 void RunWorkgroup(const SplitArgs& a, std::int64_t x, std::int64_t b, std::int64_t split,
-                  Scratch& w) {
+                  host::QueryBlock& block) {
   const std::int64_t heads = a.gqa;
   const std::int64_t token0 = a.qo_indptr[b];
   const std::int64_t seq_rows = heads * (a.qo_indptr[b + 1] - token0);
@@ -304,79 +230,39 @@ void RunWorkgroup(const SplitArgs& a, std::int64_t x, std::int64_t b, std::int64
   const std::int64_t hi = std::min(kv_len, (split + 1) * tiles_per_split * kSplitKvTile);
   if (num_rows <= 0 || lo >= hi) return;  // an empty split writes nothing
 
-  for (std::int64_t r = 0; r < num_rows; ++r) {
-    const std::int64_t row = token0 * heads + row0 + r;  // (token, head), token-major
-    DequantizeRow(a.q + row * kRowBytes, a.q_rope + row * kRope, w.q.data() + r * kDim);
-    w.row_max[r] = -kInf;
-    w.row_sum[r] = 0.0f;
-    std::fill_n(w.acc.data() + r * kDim, kDim, 0.0f);
-  }
-  for (std::int64_t n0 = lo; n0 < hi; n0 += kSplitKvTile) {
-    const int tile_len = static_cast<int>(std::min<std::int64_t>(kSplitKvTile, hi - n0));
-    for (int j = 0; j < tile_len; ++j) {  // each KV row dequantized once per tile
-      const std::int64_t kv_row = a.kv_indices[kv_begin + n0 + j];
-      DequantizeRow(a.kv + kv_row * kRowBytes, a.kv_rope + kv_row * kRope, w.kv.data() + j * kDim);
-    }
-    for (std::int64_t r = 0; r < num_rows; ++r) {
-      const float* q = w.q.data() + r * kDim;
-      float tile_max = -kInf;
-      for (int j = 0; j < tile_len; ++j) {
-        w.scores[j] = Dot512(q, w.kv.data() + j * kDim) * a.scale;
-        tile_max = std::fmax(tile_max, w.scores[j]);
-      }
-      const float new_max = std::fmax(w.row_max[r], tile_max);
-      const float rescale = std::exp(w.row_max[r] - new_max);  // 0 on the first tile
-      float* acc = w.acc.data() + r * kDim;
-      float sum = w.row_sum[r] * rescale;
-      for (int d = 0; d < kDim; ++d) acc[d] *= rescale;
-      for (int j = 0; j < tile_len; ++j) {
-        const float p = std::exp(w.scores[j] - new_max);  // NaN scores stay NaN
-        sum += p;
-        const float* k = w.kv.data() + j * kDim;
-        for (int d = 0; d < kDim; ++d) acc[d] += p * k[d];
-      }
-      w.row_max[r] = new_max;
-      w.row_sum[r] = sum;
-    }
-  }
+  const std::int64_t first_row = token0 * heads + row0;  // (token, head) rows, token-major
+  host::LoadQueryRows(a.q + first_row * kRowBytes, a.q_rope + first_row * kRopeDim,
+                      static_cast<int>(num_rows), block);
+  host::AttendKvRows(host::KvRows{a.kv, a.kv_rope}, a.kv_indices + kv_begin + lo, hi - lo, a.scale,
+                     block);
   for (std::int64_t r = 0; r < num_rows; ++r) {
     const std::int64_t local = row0 + r;
-    WriteOutputRow(a, token0 + local / heads, local % heads, split, w.acc.data() + r * kDim,
-                   w.row_max[r], w.row_sum[r]);
+    WriteOutputRow(a, token0 + local / heads, local % heads, split, block.Acc(static_cast<int>(r)),
+                   block.max[r], block.sum[r]);
   }
 }
 
 }  // namespace
 
-Status ExecuteSplitOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                          const HostOptions& options) {
+Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
+                          const SplitHostOptions& options) {
   if (plan.kernel != KernelId::kSplitNm) return Invalid("the plan is not for the nm kernel");
   const SplitArgs args = Decode(plan);
   JAX_MLA_RETURN_IF_ERROR(Validate(args, bounds, plan));
   if (options.fill_unwritten_nan) FillUnwritten(args, bounds);
 
   const std::int64_t gx = plan.grid.x, gy = plan.grid.y, gz = plan.grid.z;
-  const std::int64_t total = gx * gy * gz;
-  int threads = options.num_threads > 0 ? options.num_threads
-                                        : static_cast<int>(std::thread::hardware_concurrency());
-  threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, total)));
-  std::atomic<std::int64_t> next{0};
-  auto worker = [&] {
-    Scratch scratch;
-    for (std::int64_t id = next++; id < total; id = next++) {
-      // x fastest, then split, then sequence: neighbouring ids share a sequence's KV rows.
-      const std::int64_t x = id % gx, z = (id / gx) % gz, y = id / (gx * gz);
-      RunWorkgroup(args, x, y, z, scratch);
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  } catch (const std::system_error&) {
-    // No more threads available: the ones started and this one share the remaining work.
+  const unsigned max_threads = options.num_threads > 0 ? options.num_threads : 0;
+  const bool done = host::RunWorkgroups<host::QueryBlock>(
+      gx * gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
+        // x fastest, then split, then sequence: neighbouring ids share a sequence's KV rows.
+        const std::int64_t x = id % gx, z = (id / gx) % gz, y = id / (gx * gz);
+        RunWorkgroup(args, x, y, z, block);
+      });
+  if (!done) {
+    return Status::Internal(
+        "jax_mla host split executor: a worker failed (out of memory?); outputs are incomplete");
   }
-  worker();
-  for (std::thread& t : pool) t.join();
   return Status::Ok();
 }
 

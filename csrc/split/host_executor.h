@@ -30,7 +30,7 @@ namespace jax_mla {
 
 // Sizes of the buffers behind the kernarg pointers, from the handler's buffer shapes. Used only
 // to refuse (InvalidArgument) what would read or write out of bounds; never a source of values.
-struct HostBounds {
+struct SplitHostBounds {
   std::int64_t q_tokens = 0;       // T: rows of q / q_rope / out
   std::int64_t num_heads = 0;      // H
   std::int64_t num_seqs = 0;       // B: kv_indptr, qo_indptr, split_indptr have B + 1 entries
@@ -39,15 +39,15 @@ struct HostBounds {
   std::int64_t kv_indices = 0;     // L: entries of kv_page_indices
 };
 
-struct HostOptions {
+struct SplitHostOptions {
   // First fill every output the kernel may leave unwritten (the whole out / partials / partial
   // LSE) with NaN, so tests prove that nothing unwritten reaches a result.
   bool fill_unwritten_nan = false;
   int num_threads = 0;  // 0: std::thread::hardware_concurrency()
 };
 
-Status ExecuteSplitOnHost(const LaunchPlan& plan, const HostBounds& bounds,
-                          const HostOptions& options);
+Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
+                          const SplitHostOptions& options);
 
 }  // namespace jax_mla
 
