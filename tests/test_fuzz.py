@@ -82,7 +82,6 @@ needs_host = pytest.mark.skipif(not backends.host_available()[0],
 
 
 @needs_host
-@FUZZ
 @settings(FUZZ, max_examples=40)
 @given(decode_problems(KERNEL_SHAPES), st.booleans())
 def test_host_split_agrees_with_oracle(problem, return_lse):
