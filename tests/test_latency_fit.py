@@ -128,3 +128,16 @@ def test_permutation_test_without_scipy():
   assert timing_stats.permutation_p_value(a, 10 + rng.standard_normal(20), rounds=2000) > 0.05
   with pytest.raises(ValueError, match="at least 2"):
     timing_stats.compare([1.0], [2.0])
+
+
+def test_benchmark_refuses_to_run_without_gfx950():
+  import os, pathlib, subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  if backends.gfx950_available()[0]:
+    pytest.skip("a gfx950 is present")
+  root = pathlib.Path(__file__).parent.parent
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+  r = subprocess.run([sys.executable, str(root / "benchmarks" / "gfx950_bench.py"), "fit", "--out",
+                      os.devnull], capture_output=True, text=True, env=env, timeout=120,
+                     check=False)
+  assert r.returncode == 2 and "needs an MI355X" in r.stderr, r.stderr[-2000:]
