@@ -86,6 +86,11 @@ needs_host = pytest.mark.skipif(not backends.host_available()[0],
 @given(decode_problems(KERNEL_SHAPES), st.booleans())
 def test_host_split_agrees_with_oracle(problem, return_lse):
   batch, splits = problem
+  if splits == 1 and return_lse:  # one split writes no LSE: refused, by contract
+    with pytest.raises(ValueError, match="num_kv_splits=1 with return_lse=True"):
+      jax_mla.decode(*batch.args(), tokens_per_seq=batch.tokens_per_seq, num_kv_splits=1,
+                     backend="host")
+    return_lse = False
   out, lse = jax_mla.decode(*batch.args(), tokens_per_seq=batch.tokens_per_seq,
                             num_kv_splits=splits, backend="host", return_lse=return_lse)
   assert (lse is None) == (not return_lse)
