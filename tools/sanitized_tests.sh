@@ -22,7 +22,9 @@ if [ $# -eq 0 ]; then
   set -- tests/test_split_host.py tests/test_persistent_host.py tests/test_errors.py \
     tests/test_hip_launcher.py tests/test_persistent_hip.py tests/test_split_kernargs.py \
     tests/test_persistent_kernargs.py tests/test_persistent_workspace_use.py \
-    tests/test_index_checks.py tests/test_large_pool.py
+    tests/test_index_checks.py tests/test_large_pool.py tests/test_hip_faults.py \
+    tests/test_fuzz.py::test_host_split_agrees_with_oracle \
+    tests/test_fuzz.py::test_host_persistent_agrees_with_oracle
 fi
 cd "$tree"
 # CPU only: a PJRT plugin (libtpu, ...) dlopen'ed under the preloaded ASan runtime can abort.
