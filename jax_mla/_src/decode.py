@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mla._src import backends, checks
+from jax_mla._src import backends, checks, index_checks
 from jax_mla._src.reference import reference_decode
 
 
 def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_per_seq: int = 1,
-           num_kv_splits: int | None = None, backend: str = "auto", return_lse: bool = True):
+           num_kv_splits: int | None = None, backend: str = "auto", return_lse: bool = True,
+           check_indices: bool = False):
   """DeepSeek-V4 fp8 MLA decode attention over packed rows (the split-plus-merge path).
 
   Args:
@@ -29,6 +30,10 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     backend: "auto", "gfx950", "host" or "reference" (see the README's backend table).
     return_lse: whether to return the LSE. The split kernel at one split writes bf16 directly and
       no LSE, so with `return_lse=True` kernel backends run at least 2 splits.
+    check_indices: check on the device, before the launch, that kv_indptr is non-decreasing,
+      starts at 0, ends <= len(kv_indices) and that every used index is in [0, R); violations
+      report through `jax.experimental.checkify` (eagerly they raise; under jit wrap with
+      `checkify.checkify`). See docs/contracts.md for the contract and its cost.
 
   Returns:
     `(out, lse)`: bf16 `[T, H, 512]` and f32 `[T, H]`, the natural log of the softmax
@@ -40,10 +45,14 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
                            tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits)
   if not isinstance(return_lse, bool):
     raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+  _check_bool("check_indices", check_indices)
   backend = backends.resolve(backend)
   num_heads = q.shape[1]
   if backend != "reference":
     checks.check_kernel_support(num_heads, tokens_per_seq, backend)
+  if check_indices:
+    kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
+                                               zero_start=True)
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices)]
   sink = checks.as_sink(sink, num_heads)
   if backend == "reference":
@@ -59,7 +68,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
 
 
 def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
-                      return_lse: bool = True, backend: str = "auto"):
+                      return_lse: bool = True, backend: str = "auto",
+                      check_indices: bool = False):
   """DeepSeek-V4 fp8 MLA decode in one launch (AMD's persistent "nm_ps" kernel on gfx950).
 
   128 heads, one query token per row, `N <= min(32768, workspace.max_rows)` rows.
@@ -76,6 +86,7 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
     return_lse: False skips the LSE (returned as None).
     backend: "auto", "gfx950", "host" or "reference" (which computes the same result with the
       pure-JAX decode and returns the workspace untouched).
+    check_indices: as in `decode`, except that kv_indptr may start at an offset >= 0.
 
   Returns:
     `(out bf16 [N, 128, 512], lse f32 [N, 128] or None, workspace)`, with the same contracts as
@@ -88,9 +99,13 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
     raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
   if sink is None and hasattr(q, "shape") and len(q.shape) == 3:
     sink = checks.as_sink(None, q.shape[1])
+  _check_bool("check_indices", check_indices)
   num_rows = persistent_kernel.check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                             workspace)
   backend = backends.resolve(backend)
+  if check_indices:
+    kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
+                                               zero_start=False)
   if backend != "reference":
     return persistent_kernel.decode_persistent(
         q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, return_lse=return_lse,
@@ -101,3 +116,8 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
   out, lse = reference_decode(*args, tokens_per_seq=1)
   return out, (lse if return_lse else None), workspace
+
+
+def _check_bool(name: str, value) -> None:
+  if not isinstance(value, bool):
+    raise TypeError(f"{name} must be a bool; got {value!r}")

@@ -7,7 +7,7 @@
 extern "C" {
 
 static char g_arch[256] = "gfx950:sramecc+:xnack-";
-static int g_fail_launch = 0, g_fail_load = 0;
+static int g_fail_launch = 0, g_fail_load = 0, g_fail_symbol = 0;
 static int g_loads = 0, g_launches = 0, g_current_device = 0, g_set_device_calls = 0;
 static unsigned g_grid[3], g_block[3], g_shared;
 static void* g_stream;
@@ -20,6 +20,7 @@ static int g_module_device = -1;
 
 void fake_set_arch(const char* arch) { std::strncpy(g_arch, arch, 255); }
 void fake_fail(int load, int launch) { g_fail_load = load; g_fail_launch = launch; }
+void fake_fail_symbol(int code) { g_fail_symbol = code; }  // hipModuleGetFunction's error
 int fake_loads() { return g_loads; }
 int fake_launches() { return g_launches; }
 int fake_module_device() { return g_module_device; }
@@ -47,6 +48,7 @@ int hipModuleLoadData(void** module, const void* image) {
 }
 int hipModuleGetFunction(void** function, void* module, const char* name) {
   std::strncpy(g_symbol, name, 255);
+  if (g_fail_symbol) return g_fail_symbol;
   *function = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(module) + 0x10);
   return 0;
 }
@@ -70,7 +72,14 @@ int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsign
   return 0;
 }
 const char* hipGetErrorString(int code) {
-  return code == 98 ? "hipErrorInvalidImage" : code == 1 ? "hipErrorInvalidValue" : "hipErrorOther";
+  switch (code) {
+    case 1: return "hipErrorInvalidValue";
+    case 98: return "hipErrorInvalidImage";
+    case 101: return "hipErrorInvalidDevice";
+    case 500: return "hipErrorNotFound";
+    case 719: return "hipErrorLaunchFailure";
+    default: return "hipErrorOther";
+  }
 }
 int hipGetDevicePropertiesR0600(void* props, int device) {
   if (device < 0 || device > 7) return 101;  // hipErrorInvalidDevice

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the C++ extension with AddressSanitizer + UBSan and runs the host-backend tests against
+# it. Python is not instrumented, so the ASan runtime is preloaded; the sanitized .so goes into a
+# copy of the sources (never beside the working tree's own .so) that PYTHONPATH points at.
+# Usage: tools/sanitized_tests.sh [pytest args]   (default: the host-backend test files)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${JAX_MLA_BUILD_DIR:-build/asan}
+py=${PYTHON:-python}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DPython_EXECUTABLE="$(command -v "$py")" \
+  -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" -DJAX_MLA_SANITIZE=address,undefined >/dev/null
+cmake --build "$build" -j 2
+
+tree=$(mktemp -d)/src
+mkdir -p "$tree"
+cp -r jax_mla hsa tests "$tree"/
+rm -f "$tree"/jax_mla/_ext*.so
+cp "$build"/_ext*.so "$tree"/jax_mla/
+
+if [ $# -eq 0 ]; then
+  set -- tests/test_split_host.py tests/test_persistent_host.py tests/test_errors.py \
+    tests/test_hip_launcher.py tests/test_persistent_hip.py tests/test_split_kernargs.py \
+    tests/test_persistent_kernargs.py tests/test_persistent_workspace_use.py \
+    tests/test_index_checks.py tests/test_large_pool.py tests/test_hip_faults.py \
+    tests/test_fuzz.py::test_host_split_agrees_with_oracle \
+    tests/test_fuzz.py::test_host_persistent_agrees_with_oracle
+fi
+cd "$tree"
+# CPU only: a PJRT plugin (libtpu, ...) dlopen'ed under the preloaded ASan runtime can abort.
+export JAX_PLATFORMS=cpu
+# libstdc++ is preloaded too: python does not link it, and without it ASan's __cxa_throw
+# interceptor finds no real __cxa_throw and aborts on jaxlib's first C++ exception.
+preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+# The extension must be the sanitized one, or this stage proves nothing.
+LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$tree" "$py" -c '
+import sys, jax_mla._src.ext as e
+m = e.extension()
+print("== sanitized extension:", m.__file__)
+sys.exit(0 if m.__file__.startswith(sys.argv[1]) else 1)' "$tree"
+# Reports go to files: pytest captures fd 2, and an aborting process would lose them.
+status=0
+LD_PRELOAD="$preload" \
+  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:log_path="$tree/asan" \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path="$tree/ubsan" \
+  PYTHONPATH="$tree" "$py" -m pytest -q -p no:cacheprovider "$@" || status=$?
+for report in "$tree"/asan.* "$tree"/ubsan.*; do
+  [ -e "$report" ] || continue
+  echo "== sanitizer report $report:"; cat "$report"; status=1
+done
+exit $status
