@@ -80,7 +80,7 @@ FAULTS = ("library missing", "library lacks a HIP function", "module load", "sym
           "launch", "gfx942 device", "no such device")
 # Faults whose message (from csrc/hip/hip_runtime.cc, launcher.cc ArchOf) does not yet name the
 # kernel. strict: these xfails turn into failures once the C++ adds the kernel name.
-UNNAMED = {"library missing", "library lacks a HIP function", "no such device"}
+UNNAMED: set[str] = set()  # every fault names the kernel (it once was three that did not)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -2,9 +2,11 @@
 check, module caching per device, and exactly what reaches hipModuleLaunchKernel."""
 
 import ctypes
+import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,8 @@ from jax_mla._src import ext
 from test_split_kernargs import ADDRESSES
 
 STUB_DIR = pathlib.Path(__file__).parent / "hip_stub"
+# A subprocess imports the same jax_mla as this process (installed, or a checkout on sys.path).
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 NM_SYMBOL = "_ZN5aiter36mla_a8w8_qh64_qseqlen1_gqaratio64_nmE"
 IMAGE = b"\x7fELF-not-really-a-code-object" + bytes(range(64))
 
@@ -75,12 +79,22 @@ def test_default_search_names_every_candidate(libs):
     assert name in status["reason"]
 
 
-def test_no_code_object_registered(fake):
-  e = ext.extension()
-  if e.has_code_object("mla_v4_nm"):
-    pytest.skip("a code object was registered earlier in this process")
-  with pytest.raises(RuntimeError, match="no code object registered for kernel mla_v4_nm"):
-    e.hip_prepare("mla_v4_nm", 0)
+def test_no_code_object_registered(libs):
+  # Other tests register images in this process (registrations are process-wide and cannot be
+  # undone), so ask a fresh interpreter.
+  script = (
+      "from jax_mla._src import ext\n"
+      "e = ext.extension()\n"
+      f"e.set_hip_library({libs['fake']!r})\n"
+      "assert not e.has_code_object('mla_v4_nm')\n"
+      "try:\n"
+      "  e.hip_prepare('mla_v4_nm', 0)\n"
+      "except RuntimeError as err:\n"
+      "  print(err)\n")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=SUBPROCESS_ENV, check=False)
+  assert result.returncode == 0, result.stderr
+  assert "no code object registered for kernel mla_v4_nm" in result.stdout, result.stdout
 
 
 def test_register_code_object_rejects_bad_input():

@@ -92,11 +92,20 @@ Status LoadLocked(LauncherState& s, const HipApi& api, KernelId kernel, int devi
   return Status::Ok();
 }
 
+// Every launch failure names the kernel, also those that happen before the kernel matters (the
+// HIP library missing, a device that cannot be queried).
+Status NamingKernel(Status status, KernelId kernel, int device) {
+  const std::string name = "kernel " + KernelName(kernel);
+  if (status.ok() || status.message().find(name) != std::string::npos) return status;
+  return Status(status.code(), "jax_mla: " + name + " on device " + std::to_string(device) +
+                                   ": " + status.message());
+}
+
 Status FunctionFor(KernelId kernel, int device, const HipApi** api, hipFunction_t* fn) {
-  JAX_MLA_RETURN_IF_ERROR(GetHipApi(api));
+  JAX_MLA_RETURN_IF_ERROR(NamingKernel(GetHipApi(api), kernel, device));
   LauncherState& s = State();
   std::lock_guard<std::mutex> lock(s.mutex);
-  return LoadLocked(s, **api, kernel, device, fn);
+  return NamingKernel(LoadLocked(s, **api, kernel, device, fn), kernel, device);
 }
 
 }  // namespace
