@@ -46,3 +46,19 @@ def assert_close(name: str, actual, expected, *, atol: float, rtol: float,
       assert cos >= 1 - cos_tol, f"{name}: cosine similarity {cos:.8f} < 1 - {cos_tol:g}"
   else:
     assert np.all(a == 0), f"{name}: expected all zeros, got max |a| = {np.max(np.abs(a))}"
+
+
+def _bits(x) -> np.ndarray:
+  """Floats (bf16 included) as their bit patterns, so identity is exact, NaN payloads too."""
+  x = np.asarray(x)
+  if x.dtype.kind in "fV" or x.dtype.name == "bfloat16":
+    return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
+  return x
+
+
+def assert_bit_identical(name: str, actual, expected, *, what: str = "the expected result"):
+  """Fails unless shapes and dtypes match and every element is bit-for-bit identical."""
+  a, e = np.asarray(actual), np.asarray(expected)
+  assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
+  assert a.dtype == e.dtype, f"{name}: dtype {a.dtype} != {e.dtype}"
+  assert np.array_equal(_bits(a), _bits(e)), f"{name} differs from {what}"

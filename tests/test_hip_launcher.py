@@ -2,7 +2,6 @@
 check, module caching per device, and exactly what reaches hipModuleLaunchKernel."""
 
 import ctypes
-import os
 import pathlib
 import shutil
 import subprocess
@@ -10,12 +9,12 @@ import sys
 
 import pytest
 
+from child_process import child_env, neutral_cwd
 from jax_mla._src import ext
 from test_split_kernargs import ADDRESSES
 
 STUB_DIR = pathlib.Path(__file__).parent / "hip_stub"
-# A subprocess imports the same jax_mla as this process (installed, or a checkout on sys.path).
-SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
 NM_SYMBOL = "_ZN5aiter36mla_a8w8_qh64_qseqlen1_gqaratio64_nmE"
 IMAGE = b"\x7fELF-not-really-a-code-object" + bytes(range(64))
 
@@ -92,7 +91,7 @@ def test_no_code_object_registered(libs):
       "except RuntimeError as err:\n"
       "  print(err)\n")
   result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=SUBPROCESS_ENV, check=False)
+                          env=child_env(), cwd=neutral_cwd(), check=False)
   assert result.returncode == 0, result.stderr
   assert "no code object registered for kernel mla_v4_nm" in result.stdout, result.stdout
 

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from child_process import child_env, neutral_cwd
+from compare import assert_bit_identical
 from rows import make_batch
 import jax_mla
 from jax_mla import sharding as jms
@@ -36,13 +38,11 @@ FIELDS = ("q", "q_rope", "kv", "kv_rope", "kv_indptr", "kv_indices")
 
 @pytest.mark.skipif(HAVE_DEVICES, reason="this process already has the devices")
 def test_in_a_process_with_8_devices():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAG).strip()
   # The child imports exactly what this process imports (the installed or the in-place package).
-  env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+  env = child_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip())
   result = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-      env=env, capture_output=True, text=True, timeout=900, check=False)
+      env=env, cwd=neutral_cwd(), capture_output=True, text=True, timeout=900, check=False)
   tail = (result.stdout + result.stderr)[-6000:]
   assert result.returncode == 0, f"8-device run failed:\n{tail}"
   assert " passed" in result.stdout and "skipped" in result.stdout, tail  # the launcher skips
@@ -52,15 +52,8 @@ def mesh_of(size, axis_type=AxisType.Explicit):
   return jax.make_mesh((size,), ("x",), axis_types=(axis_type,), devices=jax.devices()[:size])
 
 
-def bits(x):
-  x = np.asarray(x)
-  return x.view(np.uint16) if x.dtype.itemsize == 2 else x
-
-
 def assert_same(name, actual, expected):
-  a, e = bits(actual), bits(expected)
-  assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
-  assert np.array_equal(a, e), f"{name} differs from the single-device result"
+  assert_bit_identical(name, actual, expected, what="the single-device result")
 
 
 def device_batches(num_heads, count, *, lengths=((5, 0, 40), (70, 1, 33)), pool_rows=40,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_close
+from compare import assert_bit_identical, assert_close
 from rows import make_batch
 import jax_mla
 from jax_mla._src import persistent_kernel, split_kernel
@@ -36,15 +36,8 @@ def stack(values, shape):
   return np.stack(values).reshape(shape + values[0].shape)
 
 
-def bits(x):
-  x = np.asarray(x)
-  return x.view(np.uint16) if x.dtype.itemsize == 2 else x
-
-
 def assert_same(name, actual, expected):
-  a, e = bits(actual), bits(expected)
-  assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
-  assert np.array_equal(a, e, equal_nan=a.dtype.kind == "f"), f"{name} differs from unbatched"
+  assert_bit_identical(name, actual, expected, what="the unbatched result")
 
 
 def vmapped(fn, in_axes, depth):

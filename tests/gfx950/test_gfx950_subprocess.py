@@ -1,13 +1,14 @@
 """gfx950 checks that need a fresh process: a guard-page out-of-bounds check (a fault kills the
 child, not the test run), and command buffers on and off (XLA_FLAGS is read at start-up)."""
 
-import os
 import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from child_process import child_env, neutral_cwd
 
 pytestmark = pytest.mark.gfx950
 
@@ -17,7 +18,7 @@ CHILD = pathlib.Path(__file__).parent / "gfx950_child.py"
 def run_child(mode, tmp_path, **env):
   out = tmp_path / f"{mode}.npz"
   r = subprocess.run([sys.executable, str(CHILD), mode, str(out)], capture_output=True, text=True,
-                     env=dict(os.environ, **env), timeout=600, check=False)
+                     env=child_env(**env), cwd=neutral_cwd(), timeout=600, check=False)
   assert r.returncode == 0 and "child ok" in r.stdout, (
       f"child {mode} exited {r.returncode}:\n{r.stderr[-4000:]}")
   assert "memory access fault" not in r.stderr.lower()
