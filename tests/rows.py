@@ -105,3 +105,17 @@ def make_batch(rng: np.random.Generator, *, num_heads: int, lengths, tokens_per_
       sink=None if sink is None else np.asarray(sink, np.float32),
       tokens_per_seq=tokens_per_seq,
   )
+
+
+def equal_width_batches(rng: np.random.Generator, count: int, *, num_heads: int, lengths,
+                        pool_rows: int, sink=None, extra: int = 2) -> list[Batch]:
+  """`count` Batches whose kv_indices all have one length: element i uses
+  `lengths[i % len(lengths)]`, and each index list is padded with junk entries (never read) to
+  the longest list plus `extra`. Stacked, they make one vmapped or per-device sharded batch."""
+  batches = [make_batch(rng, num_heads=num_heads, lengths=lengths[i % len(lengths)],
+                        pool_rows=pool_rows, sink=sink) for i in range(count)]
+  width = max(len(b.kv_indices) for b in batches) + extra
+  for b in batches:
+    junk = rng.integers(0, pool_rows, size=width - len(b.kv_indices)).astype(np.int32)
+    b.kv_indices = np.concatenate([b.kv_indices, junk])
+  return batches

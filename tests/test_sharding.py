@@ -22,7 +22,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from child_process import child_env, neutral_cwd
 from compare import assert_bit_identical
-from rows import make_batch
+from rows import equal_width_batches, make_batch
 import jax_mla
 from jax_mla import sharding as jms
 
@@ -59,14 +59,8 @@ def assert_same(name, actual, expected):
 def device_batches(num_heads, count, *, lengths=((5, 0, 40), (70, 1, 33)), pool_rows=40,
                    sink=0.5, seed=0):
   """One Batch per device, with kv_indices of one length (a trailing junk entry or more)."""
-  rng = np.random.default_rng(seed)
-  bs = [make_batch(rng, num_heads=num_heads, lengths=lengths[d % len(lengths)],
-                   pool_rows=pool_rows, sink=sink) for d in range(count)]
-  width = max(len(b.kv_indices) for b in bs) + 2
-  for b in bs:
-    pad = rng.integers(0, pool_rows, size=width - len(b.kv_indices)).astype(np.int32)
-    b.kv_indices = np.concatenate([b.kv_indices, pad])
-  return bs
+  return equal_width_batches(np.random.default_rng(seed), count, num_heads=num_heads,
+                             lengths=lengths, pool_rows=pool_rows, sink=sink, extra=2)
 
 
 def row_blocks(bs):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from compare import assert_bit_identical, assert_close
-from rows import make_batch
+from rows import equal_width_batches, make_batch
 import jax_mla
 from jax_mla._src import persistent_kernel, split_kernel
 from jax_mla._src.persistent_kernel import decode_persistent
@@ -22,14 +22,8 @@ LENGTHS = ([3, 0, 40], [70, 1, 0], [0, 0, 5], [33, 97, 2])
 
 def batches(num_heads, count, *, pool_rows=48, sink=0.5, seed=0):
   """`count` Batches of 3 sequences with equal-length kv_indices (padded with junk entries)."""
-  rng = np.random.default_rng(seed)
-  out = [make_batch(rng, num_heads=num_heads, lengths=LENGTHS[i % len(LENGTHS)],
-                    pool_rows=pool_rows, sink=sink) for i in range(count)]
-  width = max(len(b.kv_indices) for b in out) + 3
-  for b in out:
-    junk = rng.integers(0, pool_rows, size=width - len(b.kv_indices)).astype(np.int32)
-    b.kv_indices = np.concatenate([b.kv_indices, junk])
-  return out
+  return equal_width_batches(np.random.default_rng(seed), count, num_heads=num_heads,
+                             lengths=LENGTHS, pool_rows=pool_rows, sink=sink, extra=3)
 
 
 def stack(values, shape):
