@@ -35,6 +35,18 @@ def libs(tmp_path_factory):
   ext.extension().set_hip_library("")
 
 
+def last_launch(lib):
+  """(grid + block + shared memory, stream, kernelParams, kernarg bytes) of the stub's last
+  hipModuleLaunchKernel call."""
+  geometry = (ctypes.c_uint * 7)()
+  stream, params = ctypes.c_void_p(), ctypes.c_void_p()
+  kernargs = (ctypes.c_ubyte * 1024)()
+  size = ctypes.c_size_t()
+  lib.fake_last_launch(geometry, ctypes.byref(stream), ctypes.byref(params), kernargs,
+                       ctypes.byref(size))
+  return tuple(geometry), stream.value, params.value, bytes(kernargs[:size.value])
+
+
 @pytest.fixture
 def fake(libs):
   e = ext.extension()
@@ -141,17 +153,12 @@ def test_launch_passes_plan_bytes_and_geometry(fake, heads, msq, splits):
   stream = 0xABCDEF12345
   e.hip_launch_split(ADDRESSES, 7, heads, msq, splits, stream, 0)
   plan = e.split_plan(ADDRESSES, 7, heads, msq, splits)
-  geometry = (ctypes.c_uint * 7)()
-  got_stream, params = ctypes.c_void_p(), ctypes.c_void_p()
-  kernargs = (ctypes.c_ubyte * 1024)()
-  size = ctypes.c_size_t()
-  fake.fake_last_launch(geometry, ctypes.byref(got_stream), ctypes.byref(params), kernargs,
-                        ctypes.byref(size))
+  geometry, got_stream, params, kernargs = last_launch(fake)
   assert fake.fake_launches() == 1
-  assert tuple(geometry[:3]) == plan["grid"] and tuple(geometry[3:6]) == (256, 1, 1)
+  assert geometry[:3] == plan["grid"] and geometry[3:6] == (256, 1, 1)
   assert geometry[6] == 0
-  assert got_stream.value == stream and params.value is None
-  assert size.value == 336 and bytes(kernargs[:336]) == plan["kernargs"]
+  assert got_stream == stream and params is None
+  assert len(kernargs) == 336 and kernargs == plan["kernargs"]
 
 
 def test_launch_and_load_errors_name_kernel_and_hip_error(fake):

@@ -2,25 +2,14 @@
 tests/hip_stub: the nm_ps symbol is loaded, and hipModuleLaunchKernel receives the plan's 336
 bytes, grid (2P, 1, 1), block 256 and no dynamic LDS."""
 
-import ctypes
 
 import pytest
 
 from jax_mla._src import ext
-from test_hip_launcher import IMAGE, fake, libs  # noqa: F401  (fixtures)
+from test_hip_launcher import IMAGE, fake, last_launch, libs  # noqa: F401  (fixtures)
 from test_persistent_kernargs import addresses
 
 PS_SYMBOL = "_ZN5aiter39mla_a8w8_qh64_qseqlen1_gqaratio64_nm_psE"
-
-
-def last_launch(lib):
-  geometry = (ctypes.c_uint * 7)()
-  stream, params = ctypes.c_void_p(), ctypes.c_void_p()
-  kernargs = (ctypes.c_ubyte * 1024)()
-  size = ctypes.c_size_t()
-  lib.fake_last_launch(geometry, ctypes.byref(stream), ctypes.byref(params), kernargs,
-                       ctypes.byref(size))
-  return tuple(geometry), stream.value, params.value, bytes(kernargs[:size.value])
 
 
 @pytest.mark.parametrize("num_rows,num_partitions,return_lse", [(1, 8, True), (64, 128, False),
