@@ -126,6 +126,11 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
                                            p["indptr"], idx.reshape(-1), p["sink"],
                                            tokens_per_seq=tokens_per_seq, config=config,
                                            interpret=INTERPRET)[0]
+  if impl == "mosaic":
+    from jax_mla._src import mosaic_decode as md  # pylint: disable=import-outside-toplevel
+    return lambda p, idx: md.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
+                                           p["indptr"], idx.reshape(-1), p["sink"],
+                                           tokens_per_seq=tokens_per_seq)[0]
   if impl == "index_update":
     return lambda p, idx: idx
   raise ValueError(impl)
@@ -182,10 +187,10 @@ def shapes_for(suite):
   return {"h128": h128, "others": others, "full": h128 + others}[suite]
 
 
-def check_agreement(p, tokens_per_seq, config):
-  """max |pallas - plain| / max |plain| on one problem: a guard, not the accuracy test."""
+def check_agreement(p, tokens_per_seq, config, impl="pallas"):
+  """max |impl - plain| / max |plain| on one problem: a guard, not the accuracy test."""
   idx = p["indices"]
-  a = decode_fn("pallas", tokens_per_seq=tokens_per_seq, config=config)(p, idx)
+  a = decode_fn(impl, tokens_per_seq=tokens_per_seq, config=config)(p, idx)
   b = decode_fn("plain", tokens_per_seq=tokens_per_seq)(p, idx)
   a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
   return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)), bool(np.isfinite(a).all())
@@ -282,6 +287,8 @@ def main():
       for name, cfg in (variants or [("pallas", None)]):
         if name in runs:
           agree[name] = check_agreement(p, tps, cfg)
+    if "mosaic" in runs and "plain" in impls:
+      agree["mosaic"] = check_agreement(p, tps, None, impl="mosaic")
     tokens = batch * tps
     flops = 2.0 * tokens * heads * kv_len * 1024
     nbytes = tokens * heads * (640 + 1024) + batch * kv_len * 640
@@ -323,6 +330,7 @@ def print_table(rows, impls, variants):
   shapes = sorted({(r["heads"], r["tokens_per_seq"], r["batch"], r["kv_len"]) for r in rows},
                   key=lambda s: (-s[0], s[1], s[3], s[2]))
   pallas_names = [n for n, _ in variants] or (["pallas"] if "pallas" in impls else [])
+  pallas_names += ["mosaic"] if "mosaic" in impls else []
   print()
   print("| H | tps | B | K | " + " | ".join(f"{n} us" for n in pallas_names) +
         " | TFLOP/s | HBM frac | plain us | ref us | x plain | x ref | FlashMLA us | idx upd us |")

@@ -1,0 +1,341 @@
+"""The fp8 MLA decode as a Pallas Mosaic GPU kernel (NVIDIA Hopper: wgmma, TMA, warp specialization).
+
+EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked in CI) but has
+not yet passed the oracle tests on an H200 (benchmarks/NOTES-pallas.md says what was run).
+
+One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
+
+- the producer (warpgroup 2) reads the KV indices of the next block of 64 entries and copies
+  each gathered row into shared memory with two TMAs: the 512-byte packed row (as 256 16-bit
+  words; a TMA moves whole rows, so the scale and padding bytes come along and are never used)
+  and its 64 bf16 RoPE values. Two stages: block i + 1 is copied while block i is computed.
+- the two consumers (warpgroups 0 and 1) each dequantize half of the block's 512 columns into
+  one shared bf16 tile (the e8m0 tile scales come decoded to f32 by XLA, tile-major), then both
+  compute S = Q K^T over all 512 dims (computed twice, which keeps the softmax local to each
+  warpgroup), the online softmax with the sink, and their half of O += P V (V is the same
+  tile). The accumulator O [64, 256] f32 stays in registers.
+
+The tile's columns are a fixed permutation of the latent's (`PERM`: the fp8 bytes are handled as
+16-bit words, which give an even and an odd column); Q is permuted the same way by XLA and the
+output is permuted back. With one split the kernel finalizes (sink, empty rows) and writes bf16
+out and lse; with more it writes softmax-normalized f32 partials and their lse, merged by
+`pallas_merge.merge_partials`. Lengths and indices are device values: one executable serves
+every set of lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mla._src import layout
+from jax_mla._src import pallas_merge
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
+BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
+BLOCK_KV = 64  # KV entries per step
+HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
+TILE = layout.TILE
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+  num_stages: int = 2  # raw-row buffers: copies of this many blocks in flight
+  min_split_entries: int = 256
+
+
+def _plgpu():
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  return plgpu
+
+
+def _permutation():
+  """K/Q column order inside the kernel: position p holds latent column PERM[p].
+
+  The fp8 bytes are staged and loaded as 16-bit words (the 8-bit register loads of Mosaic did
+  not give correct data on the H200, 2026-12-02), so a word yields an even and an odd column.
+  Each 128-byte chunk c < 3 becomes [its 64 even columns, its 64 odd columns]; the last 64
+  NoPE bytes (384..447) become [32 even, 32 odd]; the RoPE stays at 448..511. Q is permuted
+  the same way (so QK is unchanged) and the output is permuted back."""
+  perm = []
+  for c in range(3):
+    perm += [128 * c + 2 * k for k in range(64)] + [128 * c + 2 * k + 1 for k in range(64)]
+  perm += [384 + 2 * k for k in range(32)] + [385 + 2 * k for k in range(32)]
+  perm += list(range(layout.NOPE_DIM, layout.HEAD_DIM))
+  perm = np.asarray(perm, np.int32)
+  assert sorted(perm.tolist()) == list(range(layout.HEAD_DIM))
+  return perm, np.argsort(perm).astype(np.int32)
+
+
+PERM, INV_PERM = _permutation()
+
+
+def _decode_e4m3(b):
+  """fp8 e4m3fn byte values (int32 0..255) -> f32 with integer ops, exactly: sign, 4-bit
+  exponent (bias 7), 3-bit mantissa; exponent 0 is subnormal (m * 2^-9); 0x7F, 0xFF are NaN."""
+  sign = jnp.where(b >= 128, -1.0, 1.0).astype(jnp.float32)
+  e = lax.shift_right_logical(b, 3) & 15
+  m = b & 7
+  normal = lax.bitcast_convert_type(lax.shift_left(e + 120, 23) | lax.shift_left(m, 20),
+                                    jnp.float32)
+  sub = m.astype(jnp.float32) * jnp.float32(2.0**-9)
+  vals = sign * jnp.where(e == 0, sub, normal)
+  return jnp.where((b & 127) == 127, jnp.float32(jnp.nan), vals)
+
+
+def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
+            q_smem, k_smem, raw_smem, rope_smem,
+            q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
+            *, num_splits, num_stages, num_indices):
+  plgpu = _plgpu()
+  seq = lax.axis_index("seq")
+  row_block = lax.axis_index("rows")
+  split = lax.axis_index("split")
+  wg = lax.axis_index("wg")
+  row0 = row_block * BLOCK_ROWS
+
+  start = indptr_ref[seq]
+  length = jnp.maximum(indptr_ref[seq + 1] - start, 0)
+  num_chunks = (length + BLOCK_KV - 1) // BLOCK_KV
+  per_split = (num_chunks + num_splits - 1) // num_splits
+  chunk_lo = jnp.minimum(split * per_split, num_chunks)
+  chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
+  steps = chunk_hi - chunk_lo
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(56, action="decrease")
+
+    @pl.loop(0, steps)
+    def _fill(step):
+      slot = lax.rem(step, num_stages)
+
+      @pl.when(step >= num_stages)
+      def _wait_free():
+        plgpu.barrier_wait(free_bars.at[slot])
+
+      base = start + (chunk_lo + step) * BLOCK_KV
+      bar = full_bars.at[slot]
+      for j in range(BLOCK_KV):
+        row = idx_ref[jnp.minimum(base + j, num_indices - 1)]
+        # One row: 256 words (a TMA box is at most 256 elements per dimension) and the RoPE.
+        plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)], bar)
+        plgpu.copy_gmem_to_smem(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)], bar)
+
+  @pl.when(wg < 2)
+  def _consumer():
+    plgpu.set_max_registers(224, action="increase")
+    # Each consumer copies one half (a TMA box is at most 256 elements along each dimension).
+    plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(wg * HALF, HALF)],
+                            q_smem.at[wg], q_bar)
+    plgpu.barrier_wait(q_bar)
+    wgmma_layout = plgpu.Layout.WGMMA
+    row_layout = wgmma_layout.reduce(1)
+
+    def body(step, carry):
+      acc, m_i, l_i = carry
+      slot = lax.rem(step, num_stages)
+      plgpu.barrier_wait(full_bars.at[slot])
+      base_entry = (chunk_lo + step) * BLOCK_KV
+
+      def tile_scale(t):
+        return plgpu.load(scale_ref.at[t], pl.ds(start + base_entry, BLOCK_KV),
+                          layout=row_layout, optimized=False)
+
+      def valid_mask(width):
+        entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, width), 0, layout=wgmma_layout)
+        return entry + base_entry < length
+
+      def word_chunk(first_word, width, scale_lo, scale_hi):
+        """`width` 16-bit words from word `first_word` -> (even, odd) bf16 columns [64, width],
+        scaled (words < 32 of the chunk use scale_lo, the rest scale_hi), invalid lanes 0."""
+        words = plgpu.load(raw_smem.at[slot, :, pl.ds(first_word, width)], (),
+                           layout=wgmma_layout, optimized=False)
+        words = words.astype(jnp.int32) & 0xFFFF
+        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, width), 1, layout=wgmma_layout)
+        bcast = lambda v: lax.broadcast_in_dim(v, (BLOCK_KV, width), [0])
+        scale = jnp.where(col < 32, bcast(scale_lo), bcast(scale_hi))
+        ok = valid_mask(width)
+        return [jnp.where(ok, _decode_e4m3(b) * scale, 0.0).astype(jnp.bfloat16)
+                for b in (words & 255, lax.shift_right_logical(words, 8))]
+
+      @pl.when(step > 0)
+      def _wait_k_free():  # both consumers are done with the previous tile
+        plgpu.barrier_wait(k_free_bar)
+
+      @pl.when(wg == 0)
+      def _dequantize_first_half():  # latent columns 0..255: chunks 0 and 1
+        for c in range(2):
+          even, odd = word_chunk(64 * c, 64, tile_scale(2 * c), tile_scale(2 * c + 1))
+          k_smem[0, :, pl.ds(128 * c, 64)] = even
+          k_smem[0, :, pl.ds(128 * c + 64, 64)] = odd
+
+      @pl.when(wg == 1)
+      def _dequantize_second_half():  # chunk 2, NoPE bytes 384..447, the RoPE
+        even, odd = word_chunk(128, 64, tile_scale(4), tile_scale(5))
+        k_smem[1, :, pl.ds(0, 64)] = even
+        k_smem[1, :, pl.ds(64, 64)] = odd
+        s6 = tile_scale(6)
+        even, odd = word_chunk(192, 32, s6, s6)
+        k_smem[1, :, pl.ds(128, 32)] = even
+        k_smem[1, :, pl.ds(160, 32)] = odd
+        rope = plgpu.load(rope_smem.at[slot], (), layout=wgmma_layout, optimized=False)
+        k_smem[1, :, pl.ds(192, 64)] = jnp.where(valid_mask(64), rope, jnp.zeros_like(rope))
+
+      plgpu.barrier_arrive(free_bars.at[slot])  # the raw slot may be refilled
+      plgpu.commit_smem()  # the generic-proxy stores, before wgmma reads them
+      plgpu.barrier_arrive(k_ready_bar)
+      plgpu.barrier_wait(k_ready_bar)
+
+      def qk(acc_ref):
+        for h in range(2):
+          plgpu.wgmma(acc_ref, q_smem.at[h], plgpu.transpose_ref(k_smem.at[h], (1, 0)))
+        return acc_ref[...]
+
+      s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
+      entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_ROWS, BLOCK_KV), 1, layout=wgmma_layout)
+      s = jnp.where(entry + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
+      m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
+      alpha = jnp.exp2(m_i - m_new)
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+      l_i = l_i * alpha + p.sum(axis=1)
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+      def pv(acc_ref):
+        plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[wg])
+
+      acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+      plgpu.barrier_arrive(k_free_bar)
+      return acc, m_new, l_i
+
+    acc = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout)
+    m_i = plgpu.layout_cast(jnp.full((BLOCK_ROWS,), -jnp.inf, jnp.float32), row_layout)
+    l_i = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout)
+    acc, m_i, l_i = lax.fori_loop(0, steps, body, (acc, m_i, l_i))
+
+    seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
+    m_safe = jnp.where(seen, m_i, 0.0)
+    lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+    cols = pl.ds(wg * HALF, HALF)
+    if num_splits == 1:
+      sink2 = plgpu.load(sink_ref, pl.ds(row0, BLOCK_ROWS), layout=row_layout,
+                         optimized=False) * LOG2E
+      mx = jnp.maximum(lse2, sink2)
+      finite = jnp.abs(mx) < jnp.inf
+      mx_safe = jnp.where(finite, mx, 0.0)
+      total2 = jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(lse2 - mx_safe) +
+                                                   jnp.exp2(sink2 - mx_safe)), mx)
+      # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
+      weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
+      out = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
+      out_ref[seq, pl.ds(row0, BLOCK_ROWS), cols] = out.astype(out_ref.dtype)
+
+      @pl.when(wg == 0)
+      def _lse():
+        lse_ref[seq, pl.ds(row0, BLOCK_ROWS)] = total2 * LN2
+    else:
+      inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+      out_ref[seq, split, pl.ds(row0, BLOCK_ROWS), cols] = (
+          acc * lax.broadcast_in_dim(inv_l, acc.shape, [0]))
+
+      @pl.when(wg == 0)
+      def _lse():
+        lse_ref[seq, split, pl.ds(row0, BLOCK_ROWS)] = lse2 * LN2
+
+
+def _decoded_scales(kv, rows, num_padded):
+  """f32 [7, num_padded]: the e8m0 tile scales of the indexed rows, tile-major (0 past the
+  list). Only bytes 448 + 2t of each row are read."""
+  scale_bytes = kv[rows][:, layout.SCALE_OFFSET:layout.PAD_OFFSET:2]  # [n, 7] u8
+  bits = scale_bytes.astype(jnp.int32) << 23
+  scales = lax.bitcast_convert_type(bits, jnp.float32)
+  scales = jnp.where(scale_bytes == 0, jnp.float32(2.0**-127), scales)
+  scales = jnp.where(scale_bytes == 255, jnp.float32(jnp.nan), scales)
+  return jnp.pad(scales.T, ((0, 0), (0, num_padded - scales.shape[0])))
+
+
+def num_kv_splits(num_seqs, row_blocks, num_indices, *, min_entries, num_sms=132, max_splits=64):
+  programs = num_seqs * row_blocks
+  fill = -(-num_sms // programs)
+  avg_len = num_indices // max(num_seqs, 1)
+  by_length = max(1, avg_len // max(min_entries, BLOCK_KV))
+  return int(max(1, min(fill, by_length, max_splits)))
+
+
+def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+                  num_kv_splits_: int | None = None, return_lse: bool = True,
+                  config: MosaicConfig | None = None):
+  """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
+  plgpu = _plgpu()
+  config = config or MosaicConfig()
+  num_tokens, num_heads = q.shape[:2]
+  num_seqs = kv_indptr.shape[0] - 1
+  rows = tokens_per_seq * num_heads
+  padded_rows = -(-rows // BLOCK_ROWS) * BLOCK_ROWS
+  row_blocks = padded_rows // BLOCK_ROWS
+  num_indices = max(kv_indices.shape[0], 1)
+  splits = num_kv_splits_ or num_kv_splits(num_seqs, row_blocks, num_indices,
+                                           min_entries=config.min_split_entries)
+
+  q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
+  q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)
+  q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)[..., PERM]
+  q_bf16 = jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0)))
+  sink_rows = jnp.tile(sink.astype(jnp.float32), tokens_per_seq)
+  sink_rows = jnp.pad(sink_rows, (0, padded_rows - rows), constant_values=-jnp.inf)
+  # Room for the last block's full 64 entries past any start: the TMA of a scale block never
+  # leaves the array (and reads zeros there).
+  num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
+  indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
+  indices = jnp.clip(indices, 0, kv.shape[0] - 1)
+  scales = _decoded_scales(kv, indices, num_padded)
+  # The packed rows as 256 little-endian 16-bit words each (a reinterpretation, no copy).
+  kv_words = lax.bitcast_convert_type(kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2),
+                                      jnp.uint16)
+
+  if splits == 1:
+    out_type = (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
+                jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
+  else:
+    out_type = (
+        jax.ShapeDtypeStruct((num_seqs, splits, padded_rows, layout.HEAD_DIM), jnp.float32),
+        jax.ShapeDtypeStruct((num_seqs, splits, padded_rows), jnp.float32))
+  # 64-byte swizzle (tiles of 8 x 32 bf16): the 32-column pieces of the permuted K are whole
+  # tiles.
+  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+  stages = config.num_stages
+  scratch = dict(
+      # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
+      q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
+      k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
+      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
+      rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
+      q_bar=plgpu.Barrier(num_arrivals=2),
+      # One arrival per copy: two per entry.
+      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV, num_barriers=stages),
+      free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      k_ready_bar=plgpu.Barrier(num_arrivals=2),
+      k_free_bar=plgpu.Barrier(num_arrivals=2),
+  )
+  kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
+                             num_indices=num_padded)
+  out, lse = plgpu.kernel(
+      kernel, out_type=out_type, scratch_types=scratch,
+      grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
+      num_threads=3, thread_name="wg",
+  )(kv_indptr.astype(jnp.int32), indices, scales, q_bf16,
+    kv_words, kv_rope, sink_rows)
+  if splits > 1:
+    out, lse = pallas_merge.merge_partials(out, lse, sink_rows)
+  out = out[:, :rows, INV_PERM].reshape(num_tokens, num_heads, layout.HEAD_DIM)
+  lse = lse[:, :rows].reshape(num_tokens, num_heads)
+  return out, (lse if return_lse else None)

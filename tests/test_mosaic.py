@@ -1,0 +1,157 @@
+"""The Mosaic GPU kernel (NVIDIA Hopper) against the float64 oracle, and its lowering on the CPU.
+
+The kernel uses TMA, mbarriers and wgmma, which have no interpret mode: the oracle tests run on
+an sm90 GPU only (marked `gpu`; skipped with the reason elsewhere). What the CPU checks in CI is
+that the kernel lowers for CUDA (shapes, layouts, shared-memory budget, barriers) for every
+shape family the tests use.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compare import assert_close
+from jax_mla._src import mosaic_decode as md
+from oracle import oracle_decode
+from rows import POISON_PATTERNS, make_batch, poison_padding
+
+
+def _hopper():
+  try:
+    dev = jax.devices()[0]
+  except RuntimeError:
+    return False
+  return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")) == "9.0"
+
+
+GPU = pytest.mark.skipif(not _hopper(), reason=f"needs an sm90 (Hopper) GPU; the default "
+                         f"backend is {jax.default_backend()!r}")
+SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
+
+
+@functools.lru_cache(maxsize=None)
+def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True):
+  return jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
+                                   num_kv_splits_=num_kv_splits, return_lse=return_lse))
+
+
+def run(batch, num_kv_splits=None, return_lse=True):
+  args = list(batch.args())
+  if args[-1] is None:
+    args[-1] = np.full(batch.q.shape[1], -np.inf, np.float32)
+  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse)(*args)
+  return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
+
+
+def check_against_oracle(batch, out, lse):
+  want_out, want_lse = oracle_decode(*batch.args(), batch.tokens_per_seq)
+  scale = max(np.abs(want_out[np.isfinite(want_out)]).max(initial=0.0), 1e-30)
+  assert_close("out", out, want_out, atol=scale * 2.0**-7, rtol=2.0**-8, cos_tol=1e-5)
+  assert_close("lse", lse, want_lse, atol=2e-4 * max(1.0, np.abs(
+      want_lse[np.isfinite(want_lse)]).max(initial=1.0)), rtol=1e-5, cos_tol=None)
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", [
+    (16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None)])
+def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits):
+  batch = make_batch(np.random.default_rng(1), num_heads=num_heads,
+                     tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3)
+  args = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+  fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
+                                 num_kv_splits_=splits))
+  exported = jax.export.export(fn, platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*args)
+  assert "mosaic_gpu" in exported.mlir_module()
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
+@pytest.mark.parametrize("splits", [1, None], ids=["one_split", "planned"])
+def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits):
+  rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
+  out, lse = run(batch, num_kv_splits=splits)
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("sink", list(SINKS), ids=list(SINKS))
+def test_sinks(sink, splits):
+  rng = np.random.default_rng(len(sink) + splits)
+  batch = make_batch(rng, num_heads=64, lengths=[0, 33, 200, 2], sink=SINKS[sink])
+  out, lse = run(batch, num_kv_splits=splits)
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("pattern", ["random", "same", "last"])
+def test_repeated_and_unsorted_indices(pattern):
+  rng = np.random.default_rng(len(pattern))
+  batch = make_batch(rng, num_heads=64, lengths=[70, 3, 129], sink=0.1, index_pattern=pattern)
+  out, lse = run(batch, num_kv_splits=2)
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("splits", [1, 2])
+def test_padding_poison_leaves_results_bit_identical(splits):
+  rng = np.random.default_rng(7)
+  batch = make_batch(rng, num_heads=64, lengths=[12, 0, 70], sink=0.5)
+  clean_out, clean_lse = run(batch, num_kv_splits=splits)
+  check_against_oracle(batch, clean_out, clean_lse)
+  for pattern in POISON_PATTERNS:
+    dirty = make_batch(np.random.default_rng(7), num_heads=64, lengths=[12, 0, 70], sink=0.5)
+    dirty.q = poison_padding(dirty.q, pattern, rng)
+    dirty.kv = poison_padding(dirty.kv, pattern, rng)
+    out, lse = run(dirty, num_kv_splits=splits)
+    assert np.isfinite(out).all(), pattern
+    np.testing.assert_array_equal(out, clean_out, err_msg=pattern)
+    np.testing.assert_array_equal(lse, clean_lse, err_msg=pattern)
+
+
+@pytest.mark.gpu
+@GPU
+def test_nan_rows_outside_the_index_lists_never_leak():
+  rng = np.random.default_rng(8)
+  batch = make_batch(rng, num_heads=64, lengths=[3, 150], pool_rows=512, sink=0.1,
+                     extra_indices=20)
+  used = np.zeros(512, bool)
+  used[batch.kv_indices[:batch.kv_indptr[-1]]] = True
+  batch.kv[~used, 448:462] = 0xFF
+  batch.kv_indices[batch.kv_indptr[-1]:] = np.flatnonzero(~used)[:20]
+  out, lse = run(batch, num_kv_splits=2)
+  assert np.isfinite(out).all() and np.isfinite(lse).all()
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.gpu
+@GPU
+def test_nan_scale_in_an_indexed_row_propagates():
+  rng = np.random.default_rng(12)
+  batch = make_batch(rng, num_heads=64, lengths=[10, 10], index_pattern="unique", sink=0.2)
+  batch.kv[batch.kv_indices[3], 448 + 2 * 2] = 0xFF
+  out, lse = run(batch)
+  assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.gpu
+@GPU
+def test_empty_rows_and_per_head_sinks():
+  rng = np.random.default_rng(5)
+  sink = np.array([-np.inf, 0.0, 5.0, np.inf] * 16, np.float32)
+  batch = make_batch(rng, num_heads=64, lengths=[0, 40, 0], sink=sink)
+  out, lse = run(batch, num_kv_splits=1)
+  for t in (0, 2):
+    assert not out[t].any()
+    np.testing.assert_array_equal(lse[t], sink)
+  check_against_oracle(batch, out, lse)
