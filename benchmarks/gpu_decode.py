@@ -181,6 +181,8 @@ def shapes_for(suite):
     return [(16, 4, 2, 64)]
   if suite == "quick":
     return [(128, 1, b, k) for b in (1, 64, 128) for k in (512, 2048)]
+  if suite == "others-quick":
+    return [(h, t, b, k) for h, t in ((64, 1), (16, 4)) for b in (1, 64, 128) for k in (512, 2048)]
   h128 = [(128, 1, b, k) for b in batches for k in lens]
   others = [(64, 1, b, k) for b in batches for k in lens] + [
       (16, 4, b, k) for b in batches for k in lens]
@@ -198,7 +200,8 @@ def check_agreement(p, tokens_per_seq, config, impl="pallas"):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--suite", default="full", choices=["full", "h128", "others", "quick", "tiny"])
+  ap.add_argument("--suite", default="full",
+                  choices=["full", "h128", "others", "quick", "others-quick", "tiny"])
   ap.add_argument("--impls", default="pallas,plain,reference")
   ap.add_argument("--configs", default="", help="Pallas variants, e.g. 64x64w8s2,128x32w16s2")
   ap.add_argument("--steps", type=int, default=30)
