@@ -3,6 +3,9 @@ switch parts of the decode off, per range of output columns. Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_diagnose.py [base] [qzero] [unitscale] [ropeonly] [nopeonly]
 
+Each variant of the kernel (MosaicConfig: scales "gmem" / "staged", row_copies 1 / 4) runs on
+each input.
+
 - base: random rows (tests/rows.py), 64 heads, lengths 130 / 0 / 7, one split.
 - qzero: Q = 0, so the softmax is uniform and the output is the mean of the V rows: checks the
   dequantized values and PV without QK.
@@ -42,8 +45,10 @@ def variant(name):
   return batch
 
 
-def main(names):
-  decode = jax.jit(lambda *a: md.mosaic_decode(*a, tokens_per_seq=1, num_kv_splits_=1))
+def main(names, config):
+  decode = jax.jit(lambda *a: md.mosaic_decode(*a, tokens_per_seq=1, num_kv_splits_=1,
+                                               config=config))
+  print(config, flush=True)
   for name in names:
     batch = variant(name)
     out, lse = decode(*batch.args())
@@ -60,4 +65,7 @@ def main(names):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:] or ["base", "qzero", "unitscale", "ropeonly", "nopeonly"])
+  for scales in ("gmem", "staged"):
+    for row_copies in (1, 4):
+      main(sys.argv[1:] or ["base", "qzero", "unitscale", "ropeonly", "nopeonly"],
+           md.MosaicConfig(scales=scales, row_copies=row_copies))

@@ -32,17 +32,28 @@ GPU = pytest.mark.skipif(not _hopper(), reason=f"needs an sm90 (Hopper) GPU; the
 SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
 
 
+# The kernel's variants: where the tile scales come from, and how a row is staged (see
+# MosaicConfig). The first is the default.
+CONFIGS = {
+    "gmem_scales": md.MosaicConfig(),
+    "staged_scales": md.MosaicConfig(scales="staged"),
+    "gmem_scales_4_copies": md.MosaicConfig(row_copies=4),
+    "staged_scales_4_copies": md.MosaicConfig(scales="staged", row_copies=4),
+}
+
+
 @functools.lru_cache(maxsize=None)
-def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True):
+def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True, config="gmem_scales"):
   return jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                                   num_kv_splits_=num_kv_splits, return_lse=return_lse))
+                                   num_kv_splits_=num_kv_splits, return_lse=return_lse,
+                                   config=CONFIGS[config]))
 
 
-def run(batch, num_kv_splits=None, return_lse=True):
+def run(batch, num_kv_splits=None, return_lse=True, config="gmem_scales"):
   args = list(batch.args())
   if args[-1] is None:
     args[-1] = np.full(batch.q.shape[1], -np.inf, np.float32)
-  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse)(*args)
+  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse, config)(*args)
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
 
 
@@ -54,28 +65,37 @@ def check_against_oracle(batch, out, lse):
       want_lse[np.isfinite(want_lse)]).max(initial=1.0)), rtol=1e-5, cos_tol=None)
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", [
     (16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None)])
-def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits):
+def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits, config):
   batch = make_batch(np.random.default_rng(1), num_heads=num_heads,
                      tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3)
   args = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
   fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                                 num_kv_splits_=splits))
+                                 num_kv_splits_=splits, config=CONFIGS[config]))
   exported = jax.export.export(fn, platforms=["cuda"], disabled_checks=[
       jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*args)
   assert "mosaic_gpu" in exported.mlir_module()
 
 
+@pytest.mark.parametrize("bad", [dict(scales="tma"), dict(row_copies=2)])
+def test_unknown_config_values_raise(bad):
+  batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
+  with pytest.raises(ValueError, match=next(iter(bad))):
+    md.mosaic_decode(*batch.args(), tokens_per_seq=1, config=md.MosaicConfig(**bad))
+
+
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
 @pytest.mark.parametrize("splits", [1, None], ids=["one_split", "planned"])
-def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits):
+def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits, config):
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
   batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
                      lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
-  out, lse = run(batch, num_kv_splits=splits)
+  out, lse = run(batch, num_kv_splits=splits, config=config)
   check_against_oracle(batch, out, lse)
 
 

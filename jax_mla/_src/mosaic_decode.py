@@ -44,13 +44,24 @@ SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
 HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
+SCALE_WORD = layout.SCALE_OFFSET // 2  # the 16-bit word holding byte 448 (tile 0's scale)
 TILE = layout.TILE
 
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-  num_stages: int = 2  # raw-row buffers: copies of this many blocks in flight
+  """num_stages: raw-row buffers (copies of this many blocks in flight). scales: where the
+  consumers get the e8m0 tile scales. "gmem": decoded to f32 by XLA beforehand and loaded from
+  global memory (what ran on the H200 on 2026-12-02; the first suspect for its wrong NoPE
+  values). "staged": from the scale bytes already staged in shared memory with each row
+  (bytes 448 + 2t, word 224 + t), no XLA pass; lowers, never run on a GPU."""
+  num_stages: int = 2
   min_split_entries: int = 256
+  scales: str = "gmem"
+  # 1: one TMA of the row's 256 words, loads take column slices of [64, 256]; 4: four TMAs of 64
+  # words into [4, 64, 64], so the main loads read whole [64, 64] buffers, as the RoPE loads
+  # do (which were correct on the H200). A diagnostic: it tests the column-slice loads.
+  row_copies: int = 1
 
 
 def _plgpu():
@@ -95,7 +106,7 @@ def _decode_e4m3(b):
 def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, num_indices):
+            *, num_splits, num_stages, num_indices, staged_scales, row_copies):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -128,7 +139,13 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
       for j in range(BLOCK_KV):
         row = idx_ref[jnp.minimum(base + j, num_indices - 1)]
         # One row: 256 words (a TMA box is at most 256 elements per dimension) and the RoPE.
-        plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)], bar)
+        if row_copies == 1:
+          plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)],
+                                  bar)
+        else:
+          for c in range(row_copies):
+            plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1), pl.ds(64 * c, 64)],
+                                    raw_smem.at[slot, c, pl.ds(j, 1)], bar)
         plgpu.copy_gmem_to_smem(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)], bar)
 
   @pl.when(wg < 2)
@@ -147,9 +164,32 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
       plgpu.barrier_wait(full_bars.at[slot])
       base_entry = (chunk_lo + step) * BLOCK_KV
 
-      def tile_scale(t):
-        return plgpu.load(scale_ref.at[t], pl.ds(start + base_entry, BLOCK_KV),
-                          layout=row_layout, optimized=False)
+      def raw_words(first, width):
+        """The staged rows' 16-bit words first .. first + width - 1: a [64, width] ref."""
+        if row_copies == 1:
+          return raw_smem.at[slot, :, pl.ds(first, width)]
+        chunk, offset = divmod(first, 64)
+        if offset == 0 and width == 64:
+          return raw_smem.at[slot, chunk]
+        return raw_smem.at[slot, chunk, :, pl.ds(offset, width)]
+
+      def tile_scales(tiles):
+        """{t: f32 [64] row vector} for the given tiles of this block's rows."""
+        if not staged_scales:  # decoded by XLA, in global memory
+          return {t: plgpu.load(scale_ref.at[t], pl.ds(start + base_entry, BLOCK_KV),
+                                layout=row_layout, optimized=False) for t in tiles}
+        # The rows' words 224..231 (bytes 448..463) are in shared memory with the row: the low
+        # byte of word 224 + t is tile t's scale. Word 231 (padding) is loaded, never used.
+        words = plgpu.load(raw_words(SCALE_WORD, 8), (), layout=wgmma_layout, optimized=False)
+        low = words.astype(jnp.int32) & 255
+        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 8), 1, layout=wgmma_layout)
+        scales = {}
+        for t in tiles:
+          b = jnp.where(col == t, low, 0).sum(axis=1)
+          x = lax.bitcast_convert_type(lax.shift_left(b, 23), jnp.float32)
+          x = jnp.where(b == 0, jnp.float32(2.0**-127), x)  # 2^-127 is an f32 subnormal
+          scales[t] = jnp.where(b == 255, jnp.float32(jnp.nan), x)
+        return scales
 
       def valid_mask(width):
         entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, width), 0, layout=wgmma_layout)
@@ -158,8 +198,8 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
       def word_chunk(first_word, width, scale_lo, scale_hi):
         """`width` 16-bit words from word `first_word` -> (even, odd) bf16 columns [64, width],
         scaled (words < 32 of the chunk use scale_lo, the rest scale_hi), invalid lanes 0."""
-        words = plgpu.load(raw_smem.at[slot, :, pl.ds(first_word, width)], (),
-                           layout=wgmma_layout, optimized=False)
+        words = plgpu.load(raw_words(first_word, width), (), layout=wgmma_layout,
+                           optimized=False)
         words = words.astype(jnp.int32) & 0xFFFF
         col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, width), 1, layout=wgmma_layout)
         bcast = lambda v: lax.broadcast_in_dim(v, (BLOCK_KV, width), [0])
@@ -174,18 +214,19 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
 
       @pl.when(wg == 0)
       def _dequantize_first_half():  # latent columns 0..255: chunks 0 and 1
+        scale = tile_scales(range(4))
         for c in range(2):
-          even, odd = word_chunk(64 * c, 64, tile_scale(2 * c), tile_scale(2 * c + 1))
+          even, odd = word_chunk(64 * c, 64, scale[2 * c], scale[2 * c + 1])
           k_smem[0, :, pl.ds(128 * c, 64)] = even
           k_smem[0, :, pl.ds(128 * c + 64, 64)] = odd
 
       @pl.when(wg == 1)
       def _dequantize_second_half():  # chunk 2, NoPE bytes 384..447, the RoPE
-        even, odd = word_chunk(128, 64, tile_scale(4), tile_scale(5))
+        scale = tile_scales(range(4, layout.NUM_TILES))
+        even, odd = word_chunk(128, 64, scale[4], scale[5])
         k_smem[1, :, pl.ds(0, 64)] = even
         k_smem[1, :, pl.ds(64, 64)] = odd
-        s6 = tile_scale(6)
-        even, odd = word_chunk(192, 32, s6, s6)
+        even, odd = word_chunk(192, 32, scale[6], scale[6])
         k_smem[1, :, pl.ds(128, 32)] = even
         k_smem[1, :, pl.ds(160, 32)] = odd
         rope = plgpu.load(rope_smem.at[slot], (), layout=wgmma_layout, optimized=False)
@@ -277,6 +318,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
   plgpu = _plgpu()
   config = config or MosaicConfig()
+  if config.scales not in ("gmem", "staged"):
+    raise ValueError(f"MosaicConfig.scales must be 'gmem' or 'staged', got {config.scales!r}")
+  if config.row_copies not in (1, 4):
+    raise ValueError(f"MosaicConfig.row_copies must be 1 or 4, got {config.row_copies!r}")
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
@@ -297,7 +342,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
-  scales = _decoded_scales(kv, indices, num_padded)
+  staged_scales = config.scales == "staged"
+  scales = (jnp.zeros((layout.NUM_TILES, BLOCK_KV), jnp.float32) if staged_scales
+            else _decoded_scales(kv, indices, num_padded))
   # The packed rows as 256 little-endian 16-bit words each (a reinterpretation, no copy).
   kv_words = lax.bitcast_convert_type(kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2),
                                       jnp.uint16)
@@ -317,17 +364,20 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
+      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2) if config.row_copies == 1
+                          else (stages, 4, BLOCK_KV, 64), jnp.uint16),
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      # One arrival per copy: two per entry.
-      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV, num_barriers=stages),
+      # One arrival per copy: the row's copies and the RoPE's, per entry.
+      full_bars=plgpu.Barrier(num_arrivals=(config.row_copies + 1) * BLOCK_KV,
+                              num_barriers=stages),
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
       k_free_bar=plgpu.Barrier(num_arrivals=2),
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
-                             num_indices=num_padded)
+                             num_indices=num_padded, staged_scales=staged_scales,
+                             row_copies=config.row_copies)
   out, lse = plgpu.kernel(
       kernel, out_type=out_type, scratch_types=scratch,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
