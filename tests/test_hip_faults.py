@@ -106,6 +106,18 @@ def test_fault_message_names_the_kernel(stub, libs, kernel, fault, request):  # 
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_a_module_whose_symbol_lookup_fails_is_unloaded(stub, libs, kernel):  # noqa: F811
+  inject("symbol lookup", stub, libs)
+  for attempt in range(1, 4):  # each failed launch loads the module again, and unloads it
+    with pytest.raises(RuntimeError, match="hipModuleGetFunction"):
+      launch(kernel, 0)
+    assert stub.fake_loads() == attempt and stub.fake_unloads() == attempt
+  stub.fake_fail_symbol(0)
+  launch(kernel, 0)  # a module that works stays loaded (cached), and is used
+  assert stub.fake_loads() == 4 and stub.fake_unloads() == 3 and stub.fake_launches() == 1
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fault", FAULTS)
 def test_process_recovers_after_the_fault(stub, libs, kernel, fault):  # noqa: F811
   device, _ = inject(fault, stub, libs)

@@ -30,6 +30,7 @@ inline constexpr std::size_t kHipDevicePropR0600GcnArchNameOffset = 1160;  // ch
 using HipModuleLoadDataFn = hipError_t (*)(hipModule_t* module, const void* image);
 using HipModuleGetFunctionFn = hipError_t (*)(hipFunction_t* function, hipModule_t module,
                                               const char* name);
+using HipModuleUnloadFn = hipError_t (*)(hipModule_t module);
 using HipModuleLaunchKernelFn = hipError_t (*)(hipFunction_t f, unsigned grid_x, unsigned grid_y,
                                                unsigned grid_z, unsigned block_x, unsigned block_y,
                                                unsigned block_z, unsigned shared_mem_bytes,

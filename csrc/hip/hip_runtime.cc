@@ -59,6 +59,7 @@ Status Load(RuntimeState& s) {
   HipApi api;
   JAX_MLA_RETURN_IF_ERROR(Resolve(library, from, "hipModuleLoadData", &api.module_load_data));
   JAX_MLA_RETURN_IF_ERROR(Resolve(library, from, "hipModuleGetFunction", &api.module_get_function));
+  JAX_MLA_RETURN_IF_ERROR(Resolve(library, from, "hipModuleUnload", &api.module_unload));
   JAX_MLA_RETURN_IF_ERROR(
       Resolve(library, from, "hipModuleLaunchKernel", &api.module_launch_kernel));
   JAX_MLA_RETURN_IF_ERROR(Resolve(library, from, "hipGetErrorString", &api.get_error_string));

@@ -13,6 +13,7 @@ namespace jax_mla {
 struct HipApi {
   HipModuleLoadDataFn module_load_data = nullptr;
   HipModuleGetFunctionFn module_get_function = nullptr;
+  HipModuleUnloadFn module_unload = nullptr;
   HipModuleLaunchKernelFn module_launch_kernel = nullptr;
   HipGetErrorStringFn get_error_string = nullptr;
   HipGetDevicePropertiesR0600Fn get_device_properties = nullptr;  // hipGetDevicePropertiesR0600

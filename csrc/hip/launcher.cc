@@ -86,7 +86,12 @@ Status LoadLocked(LauncherState& s, const HipApi& api, KernelId kernel, int devi
   if (status.ok() && restore != kHipSuccess) {
     status = HipFailure(api, restore, "hipSetDevice (restore)", kernel, device);
   }
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    // A module that loaded but is not cached would leak (one per failed launch): unload it.
+    // Its own error, if any, is secondary to the one reported.
+    if (module != nullptr) api.module_unload(module);
+    return status;
+  }
   s.functions[{device, kernel}] = function;
   *fn = function;
   return Status::Ok();

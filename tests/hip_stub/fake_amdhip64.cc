@@ -8,7 +8,8 @@ extern "C" {
 
 static char g_arch[256] = "gfx950:sramecc+:xnack-";
 static int g_fail_launch = 0, g_fail_load = 0, g_fail_symbol = 0;
-static int g_loads = 0, g_launches = 0, g_current_device = 0, g_set_device_calls = 0;
+static int g_loads = 0, g_unloads = 0, g_launches = 0, g_current_device = 0,
+           g_set_device_calls = 0;
 static unsigned g_grid[3], g_block[3], g_shared;
 static void* g_stream;
 static void* g_params;
@@ -22,6 +23,7 @@ void fake_set_arch(const char* arch) { std::strncpy(g_arch, arch, 255); }
 void fake_fail(int load, int launch) { g_fail_load = load; g_fail_launch = launch; }
 void fake_fail_symbol(int code) { g_fail_symbol = code; }  // hipModuleGetFunction's error
 int fake_loads() { return g_loads; }
+int fake_unloads() { return g_unloads; }
 int fake_launches() { return g_launches; }
 int fake_module_device() { return g_module_device; }
 int fake_current_device() { return g_current_device; }
@@ -36,7 +38,10 @@ void fake_last_launch(unsigned* geometry, void** stream, void** params, unsigned
   std::memcpy(kernargs, g_kernargs, g_kernarg_size);
   *size = g_kernarg_size;
 }
-void fake_reset() { g_loads = g_launches = g_set_device_calls = 0; g_current_device = 0; }
+void fake_reset() {
+  g_loads = g_unloads = g_launches = g_set_device_calls = 0;
+  g_current_device = 0;
+}
 
 int hipModuleLoadData(void** module, const void* image) {
   if (g_fail_load) return g_fail_load;
@@ -51,6 +56,10 @@ int hipModuleGetFunction(void** function, void* module, const char* name) {
   if (g_fail_symbol) return g_fail_symbol;
   *function = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(module) + 0x10);
   return 0;
+}
+int hipModuleUnload(void* module) {
+  ++g_unloads;
+  return module != nullptr ? 0 : 1;
 }
 int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
