@@ -314,19 +314,27 @@ def main():
     finite = all(f for _, f in agree.values())
     print(f"H={heads} tps={tps} B={batch} K={kv_len}: {line} worst_rel_err={worst} "
           f"finite={finite}", flush=True)
+    if a.out:
+      write_results(a.out, meta, rows)
 
   print_table(rows, impls, variants)
   if a.out:
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
-                  if k in rows[0] else 99)
-    with open(a.out + ".csv", "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=keys)
-      w.writeheader()
-      w.writerows(rows)
+    write_results(a.out, meta, rows)
     print(f"wrote {a.out}.json and .csv")
+
+
+def write_results(out, meta, rows):
+  """The rows so far as JSON and CSV (rewritten after every shape: a run cut short by a device
+  time limit keeps what it measured)."""
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out + ".json", "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+  keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
+                if k in rows[0] else 99)
+  with open(out + ".csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
 
 
 def print_table(rows, impls, variants):
