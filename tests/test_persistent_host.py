@@ -8,7 +8,8 @@ import pytest
 
 import jax_mla
 from compare import assert_close
-from jax_mla._src.persistent_kernel import decode_persistent
+from jax_mla._src.persistent_kernel import (_WORKSPACE_FIELDS, decode_persistent,
+                                            persistent_decode_p)
 from jax_mla._src.workspace import make_workspace
 from persistent_cases import check_against_oracle, empty_rows, inputs, run
 from rows import POISON_PATTERNS, make_batch, poison_padding
@@ -203,3 +204,21 @@ def test_nan_scale_in_a_used_row_gives_nan_only_where_it_is_used():
   out, lse, _ = run(batch)
   check_against_oracle(batch, out, lse)  # the oracle's NaN pattern, compared before tolerances
   assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("operand,bad,match", [
+    (6, np.zeros(129, np.float32), r"sink \(operand 6\) has dtype f32 dims \[129\]; expected "
+                                   r"f32 dims \[128\]"),
+    (0, None, r"q \(operand 0\) has dtype s8 .*expected u8"),
+])
+def test_handler_rechecks_operands(operand, bad, match):
+  """The C++ handler refuses what the Python side would never send (bind called directly)."""
+  batch = make_batch(np.random.default_rng(41), num_heads=128, lengths=[3, 4], pool_rows=16)
+  workspace = make_workspace(8, 2, allow_any_partitions=True)
+  operands = list(inputs(batch)) + [getattr(workspace, f) for f in _WORKSPACE_FIELDS]
+  operands[operand] = batch.q.view(np.int8) if bad is None else bad
+  f = jax.jit(lambda *a: persistent_decode_p.bind(
+      *a, backend="host", return_lse=True, fill_unwritten_nan=False,
+      num_partitions=workspace.num_partitions))
+  with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+    jax.block_until_ready(f(*operands))

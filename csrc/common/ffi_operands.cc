@@ -54,6 +54,13 @@ Status CheckOperand(const ffi::AnyBuffer& buffer, const char* who, const char* n
                                  "; expected " + DtypeName(dtype) + " dims " + ExtentsText(dims));
 }
 
+Status CheckOperands(std::initializer_list<OperandSpec> specs, const char* who) {
+  for (const OperandSpec& s : specs) {
+    JAX_MLA_RETURN_IF_ERROR(CheckOperand(s.buffer, who, s.name, s.dtype, s.dims));
+  }
+  return Status::Ok();
+}
+
 std::int64_t LeadingExtent(const ffi::AnyBuffer& buffer, std::size_t rank) {
   const auto dims = buffer.dimensions();
   return dims.size() == rank ? dims[0] : -1;

@@ -4,6 +4,7 @@
 #define JAX_MLA_COMMON_FFI_OPERANDS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -27,6 +28,17 @@ std::string DtypeName(xla::ffi::DataType dtype);
 // name says which operand or result, e.g. "q (operand 0)".
 Status CheckOperand(const xla::ffi::AnyBuffer& buffer, const char* who, const char* name,
                     xla::ffi::DataType dtype, const std::vector<std::int64_t>& dims);
+
+// One buffer's expectation for CheckOperands.
+struct OperandSpec {
+  const xla::ffi::AnyBuffer& buffer;
+  const char* name;
+  xla::ffi::DataType dtype;
+  std::vector<std::int64_t> dims;
+};
+
+// CheckOperand on each, in order: the first mismatch, or Ok.
+Status CheckOperands(std::initializer_list<OperandSpec> specs, const char* who);
 
 // dims[0] when the buffer has this rank, else -1: the extent other operands are checked against,
 // computed before the buffer's own check (which then refuses the rank).

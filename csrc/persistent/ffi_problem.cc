@@ -30,12 +30,7 @@ Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int n
     return Status::InvalidArgument("jax_mla_persistent_decode_v1: num_partitions must be in "
                                    "[1, 1024], got " + std::to_string(p));
   }
-  const struct {
-    const ffi::AnyBuffer& buffer;
-    const char* name;
-    ffi::DataType dtype;
-    std::vector<std::int64_t> dims;
-  } buffers[] = {
+  JAX_MLA_RETURN_IF_ERROR(CheckOperands({
       {b.q, "q (operand 0)", ffi::U8, {n, h, 512}},
       {b.q_rope, "q_rope (operand 1)", ffi::BF16, {n, h, 64}},
       {b.kv, "kv (operand 2)", ffi::U8, {rows, 512}},
@@ -49,10 +44,7 @@ Status BuildPersistentProblem(const PersistentBuffers& b, bool return_lse, int n
       {b.cnt, "cnt (operand 10)", ffi::U32, {kPersistentCntEntries}},
       {b.arange, "arange (operand 11)", ffi::S32, {kAnyExtent}},
       {b.out, "out (result 0)", ffi::BF16, {n, h, 512}},
-      {b.lse, "lse (result 1)", ffi::F32, {return_lse ? n : 0, h}}};
-  for (const auto& x : buffers) {
-    JAX_MLA_RETURN_IF_ERROR(CheckOperand(x.buffer, kWho, x.name, x.dtype, x.dims));
-  }
+      {b.lse, "lse (result 1)", ffi::F32, {return_lse ? n : 0, h}}}, kWho));
   if (b.arange.dimensions()[0] < n + 1) {
     return Status::InvalidArgument("jax_mla_persistent_decode_v1: the workspace's arange has " +
                                    std::to_string(b.arange.dimensions()[0]) + " entries, N=" +

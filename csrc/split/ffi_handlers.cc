@@ -48,12 +48,7 @@ Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int
   const std::int64_t R = LeadingExtent(in.kv, 2);
   const std::int64_t L = LeadingExtent(in.kv_indices, 1);
   const std::int64_t B = std::max<std::int64_t>(LeadingExtent(in.kv_indptr, 1), 0) - 1;
-  const struct {
-    const ffi::AnyBuffer& buffer;
-    const char* name;
-    ffi::DataType dtype;
-    std::vector<std::int64_t> dims;
-  } operands[] = {
+  JAX_MLA_RETURN_IF_ERROR(CheckOperands({
       {in.q, "q (operand 0)", ffi::U8, {T, H, 512}},
       {in.q_rope, "q_rope (operand 1)", ffi::BF16, {T, H, 64}},
       {in.kv, "kv (operand 2)", ffi::U8, {R, 512}},
@@ -62,10 +57,7 @@ Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int
       {in.kv_indices, "kv_indices (operand 5)", ffi::S32, {L}},
       {in.sink, "sink (operand 6)", ffi::F32, {H}},
       {in.qo_indptr, "qo_indptr (operand 7)", ffi::S32, {B + 1}},
-      {in.split_indptr, "split_indptr (operand 8)", ffi::S32, {B + 1}}};
-  for (const auto& o : operands) {
-    JAX_MLA_RETURN_IF_ERROR(CheckOperand(o.buffer, kWho, o.name, o.dtype, o.dims));
-  }
+      {in.split_indptr, "split_indptr (operand 8)", ffi::S32, {B + 1}}}, kWho));
   if (T != B * tokens_per_seq) {
     return Status::InvalidArgument("jax_mla_split_decode_v1: q has " + std::to_string(T) +
                                    " tokens, expected num_seqs * tokens_per_seq = " +
