@@ -48,6 +48,18 @@ def assert_close(name: str, actual, expected, *, atol: float, rtol: float,
     assert np.all(a == 0), f"{name}: expected all zeros, got max |a| = {np.max(np.abs(a))}"
 
 
+def assert_bf16_decode_close(out, lse, want_out, want_lse) -> None:
+  """A decode with bf16 output (and bf16 softmax weights in the PV product) against the float64
+  oracle: out within a few bf16 ulps of its largest finite value, lse (when not None) within
+  2e-4 of its own. Non-finite positions must match first (assert_close)."""
+  scale = max(np.abs(want_out[np.isfinite(want_out)]).max(initial=0.0), 1e-30)
+  assert_close("out", out, want_out, atol=scale * 2.0**-7, rtol=2.0**-8, cos_tol=1e-5)
+  if lse is not None:
+    finite = want_lse[np.isfinite(want_lse)]
+    assert_close("lse", lse, want_lse, atol=2e-4 * max(1.0, np.abs(finite).max(initial=1.0)),
+                 rtol=1e-5, cos_tol=None)
+
+
 def _bits(x) -> np.ndarray:
   """Floats (bf16 included) as their bit patterns, so identity is exact, NaN payloads too."""
   x = np.asarray(x)

@@ -63,6 +63,12 @@ class Batch:
     return (self.q, self.q_rope, self.kv, self.kv_rope, self.kv_indptr, self.kv_indices,
             self.sink)
 
+  def sink_array(self) -> np.ndarray:
+    """The sink as f32 [H] for the kernels that take no None: -inf means none."""
+    if self.sink is None:
+      return np.full(self.q.shape[1], -np.inf, np.float32)
+    return np.asarray(self.sink, np.float32)
+
 
 def make_batch(rng: np.random.Generator, *, num_heads: int, lengths, tokens_per_seq: int = 1,
                pool_rows: int = 512, sink=None, extra_indices: int = 0,

@@ -23,9 +23,7 @@ LENGTHS = [0, 5, 70, 33, 150, 1]
 
 
 def sink_array(batch):
-  heads = batch.q.shape[1]
-  return (np.full(heads, -np.inf, np.float32) if batch.sink is None
-          else np.asarray(batch.sink, np.float32))
+  return batch.sink_array()
 
 
 @functools.lru_cache(maxsize=None)
