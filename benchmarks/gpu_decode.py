@@ -28,7 +28,6 @@ import argparse
 import concurrent.futures
 import csv
 import datetime
-import functools
 import json
 import math
 import os

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -37,10 +35,9 @@ from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
 from jax_mla._src import pallas_merge
+from jax_mla._src import pallas_plan
+from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
 HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
@@ -185,10 +182,7 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
         col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 8), 1, layout=wgmma_layout)
         scales = {}
         for t in tiles:
-          b = jnp.where(col == t, low, 0).sum(axis=1)
-          x = lax.bitcast_convert_type(lax.shift_left(b, 23), jnp.float32)
-          x = jnp.where(b == 0, jnp.float32(2.0**-127), x)  # 2^-127 is an f32 subnormal
-          scales[t] = jnp.where(b == 255, jnp.float32(jnp.nan), x)
+          scales[t] = e8m0_to_f32(jnp.where(col == t, low, 0).sum(axis=1))
         return scales
 
       def valid_mask(width):
@@ -270,11 +264,7 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
     if num_splits == 1:
       sink2 = plgpu.load(sink_ref, pl.ds(row0, BLOCK_ROWS), layout=row_layout,
                          optimized=False) * LOG2E
-      mx = jnp.maximum(lse2, sink2)
-      finite = jnp.abs(mx) < jnp.inf
-      mx_safe = jnp.where(finite, mx, 0.0)
-      total2 = jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(lse2 - mx_safe) +
-                                                   jnp.exp2(sink2 - mx_safe)), mx)
+      total2 = logaddexp2(lse2, sink2)
       # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
       weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
       out = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
@@ -296,20 +286,8 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
 def _decoded_scales(kv, rows, num_padded):
   """f32 [7, num_padded]: the e8m0 tile scales of the indexed rows, tile-major (0 past the
   list). Only bytes 448 + 2t of each row are read."""
-  scale_bytes = kv[rows][:, layout.SCALE_OFFSET:layout.PAD_OFFSET:2]  # [n, 7] u8
-  bits = scale_bytes.astype(jnp.int32) << 23
-  scales = lax.bitcast_convert_type(bits, jnp.float32)
-  scales = jnp.where(scale_bytes == 0, jnp.float32(2.0**-127), scales)
-  scales = jnp.where(scale_bytes == 255, jnp.float32(jnp.nan), scales)
+  scales = e8m0_to_f32(kv[rows][:, layout.SCALE_OFFSET:layout.PAD_OFFSET:2])  # [n, 7]
   return jnp.pad(scales.T, ((0, 0), (0, num_padded - scales.shape[0])))
-
-
-def num_kv_splits(num_seqs, row_blocks, num_indices, *, min_entries, num_sms=132, max_splits=64):
-  programs = num_seqs * row_blocks
-  fill = -(-num_sms // programs)
-  avg_len = num_indices // max(num_seqs, 1)
-  by_length = max(1, avg_len // max(min_entries, BLOCK_KV))
-  return int(max(1, min(fill, by_length, max_splits)))
 
 
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
@@ -328,17 +306,16 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   padded_rows = -(-rows // BLOCK_ROWS) * BLOCK_ROWS
   row_blocks = padded_rows // BLOCK_ROWS
   num_indices = max(kv_indices.shape[0], 1)
-  splits = num_kv_splits_ or num_kv_splits(num_seqs, row_blocks, num_indices,
-                                           min_entries=config.min_split_entries)
+  splits = num_kv_splits_ or pallas_plan.num_kv_splits(
+      num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=config.min_split_entries)
 
   q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
   q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)
   q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)[..., PERM]
   q_bf16 = jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0)))
-  sink_rows = jnp.tile(sink.astype(jnp.float32), tokens_per_seq)
-  sink_rows = jnp.pad(sink_rows, (0, padded_rows - rows), constant_values=-jnp.inf)
-  # Room for the last block's full 64 entries past any start: the TMA of a scale block never
-  # leaves the array (and reads zeros there).
+  sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
+  # Room for the last block's full 64 entries past any start: a block's scale load never leaves
+  # the array (and reads zeros there).
   num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
@@ -349,13 +326,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   kv_words = lax.bitcast_convert_type(kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2),
                                       jnp.uint16)
 
-  if splits == 1:
-    out_type = (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
-                jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
-  else:
-    out_type = (
-        jax.ShapeDtypeStruct((num_seqs, splits, padded_rows, layout.HEAD_DIM), jnp.float32),
-        jax.ShapeDtypeStruct((num_seqs, splits, padded_rows), jnp.float32))
   # 64-byte swizzle (tiles of 8 x 32 bf16): the 32-column pieces of the permuted K are whole
   # tiles.
   swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
@@ -378,14 +348,13 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              num_indices=num_padded, staged_scales=staged_scales,
                              row_copies=config.row_copies)
-  out, lse = plgpu.kernel(
-      kernel, out_type=out_type, scratch_types=scratch,
+  results = plgpu.kernel(
+      kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
+      scratch_types=scratch,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
       num_threads=3, thread_name="wg",
   )(kv_indptr.astype(jnp.int32), indices, scales, q_bf16,
     kv_words, kv_rope, sink_rows)
-  if splits > 1:
-    out, lse = pallas_merge.merge_partials(out, lse, sink_rows)
-  out = out[:, :rows, INV_PERM].reshape(num_tokens, num_heads, layout.HEAD_DIM)
-  lse = lse[:, :rows].reshape(num_tokens, num_heads)
+  out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
+                                 num_heads=num_heads, columns=INV_PERM)
   return out, (lse if return_lse else None)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +27,7 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-# s = q.k / sqrt(512); the kernel works with s * log2(e) so it can use exp2.
-SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
+from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2
 TILE = layout.TILE  # 64
 NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 
@@ -66,18 +61,10 @@ def _compiler_params(config: KernelConfig):
   return cls(num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def _e8m0_to_f32(b):
-  """e8m0 bytes (uint8) -> 2^(b - 127) in f32; 0xFF -> NaN. Built from bits: exact."""
-  bits = jnp.left_shift(b.astype(jnp.int32), 23)
-  x = jax.lax.bitcast_convert_type(bits, jnp.float32)
-  x = jnp.where(b == 0, jnp.float32(2.0**-127), x)  # 2^-127 is an f32 subnormal: no exponent bits
-  return jnp.where(b == 255, jnp.float32(jnp.nan), x)
-
-
 def _dequant_tile(raw, scale):
   """fp8 e4m3fn bytes [N, 64] times their tile scale bytes [N] -> bf16 [N, 64] (exact)."""
   values = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
-  return (values * _e8m0_to_f32(scale)[:, None]).astype(jnp.bfloat16)
+  return (values * e8m0_to_f32(scale)[:, None]).astype(jnp.bfloat16)
 
 
 def _dot(a, b, *, transpose_b=False):
@@ -103,14 +90,6 @@ def _decode_tiles(fetched):
 
 def _load_tiles(rows_ref, rope_ref, lead, rows):
   return _decode_tiles(_fetch_tiles(rows_ref, rope_ref, lead, rows))
-
-
-def _logaddexp2(a, b):
-  """log2(2^a + 2^b) with infinities handled: (-inf, -inf) -> -inf, +inf wins."""
-  mx = jnp.maximum(a, b)
-  finite = jnp.abs(mx) < jnp.inf
-  mx_safe = jnp.where(finite, mx, 0.0)
-  return jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(a - mx_safe) + jnp.exp2(b - mx_safe)), mx)
 
 
 class _Tiles:
@@ -148,7 +127,7 @@ class _Rows:
     scale_cols = layout.SCALE_OFFSET + 2 * jnp.minimum(cols // TILE, layout.NUM_TILES - 1)
     scale = rows_ref[(*lead, ids, scale_cols[None, :])]  # each column's tile scale
     values = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
-    values = jnp.where(nope[None, :], values * _e8m0_to_f32(scale), 0.0)
+    values = jnp.where(nope[None, :], values * e8m0_to_f32(scale), 0.0)
     rope = rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
     return [values.astype(jnp.bfloat16), rope.astype(jnp.bfloat16)]
 
@@ -198,7 +177,7 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   if qk_fp8:  # Q's raw fp8 tiles and their f32 scales, for the fp8 QK
     q_raws, q_scales, _ = _fetch_tiles(q_ref, q_rope_ref, (seq,), q_rows)
     q_fp8 = [jax.lax.bitcast_convert_type(r, jnp.float8_e4m3fn) for r in q_raws]
-    q_scales = [_e8m0_to_f32(sc) for sc in q_scales]
+    q_scales = [e8m0_to_f32(sc) for sc in q_scales]
 
   def block_rows_of(chunk):
     offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
@@ -230,7 +209,7 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
       scores = _dot(q_pieces[-1], k_pieces[-1], transpose_b=True)  # RoPE, bf16
       for qf, qs, raw, ks in zip(q_fp8, q_scales, raws, k_scales):
         kf = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn)
-        scores += _dot(qf, kf, transpose_b=True) * (qs[:, None] * _e8m0_to_f32(ks)[None, :])
+        scores += _dot(qf, kf, transpose_b=True) * (qs[:, None] * e8m0_to_f32(ks)[None, :])
     else:
       scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
       for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
@@ -257,7 +236,7 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   if num_splits == 1:
     out_ref, lse_ref = out_refs
     sink2 = sink_ref[q_rows] * LOG2E
-    total2 = _logaddexp2(lse2, sink2)
+    total2 = logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 2^-inf = 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)[:, None]
     _store_pieces(out_ref, (seq,), q_rows, split_kind.pieces, [acc * weight for acc in accs])
@@ -303,18 +282,10 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   # [B, tokens * H, ...]: a free reshape; rows padded (zeros) only for odd head counts.
   q3 = _pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows)
   q_rope3 = _pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows)
-  sink_rows = jnp.tile(sink.astype(jnp.float32), tokens_per_seq)
-  sink_rows = jnp.pad(sink_rows, (0, padded_rows - rows), constant_values=-jnp.inf)
+  sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   if kv_indices.shape[0] == 0:  # the kernel needs one element to clamp to
     kv_indices = jnp.zeros((1,), jnp.int32)
 
-  if num_splits == 1:
-    out_shape = (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
-                 jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
-  else:
-    out_shape = (
-        jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
-        jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
   if (config.prefetch or config.qk_fp8) and config.row_split != "tiles":
     raise ValueError("prefetch and qk_fp8 are implemented for row_split='tiles' only")
   if config.qk_fp8 and config.q_dequant != "kernel":
@@ -329,16 +300,12 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
-      kernel, out_shape=out_shape, grid=(num_seqs, padded_rows // block_rows, num_splits),
+      kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows), grid=(num_seqs, padded_rows // block_rows, num_splits),
       interpret=interpret, name="jax_mla_pallas_decode", **extra,
   )(kv_indptr, kv_indices, q3, q_rope3, kv, kv_rope, sink_rows)
 
-  if num_splits == 1:
-    out, lse = results
-  else:
-    out, lse = pallas_merge.merge_partials(*results, sink_rows)
-  out = out[:, :rows].reshape(num_tokens, num_heads, layout.HEAD_DIM)
-  lse = lse[:, :rows].reshape(num_tokens, num_heads)
+  out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
+                                 num_tokens=num_tokens, num_heads=num_heads)
   return out, (lse if return_lse else None)
 
 

@@ -32,3 +32,13 @@ def merge_partials(parts, part_lse, sink_rows):
   shares = jnp.where(seen, jnp.exp(part_lse - lse[:, None]), 0.0)
   out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=1)
   return out.astype(jnp.bfloat16), lse
+
+
+def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads, columns=None):
+  """The kernel's results (final, or partials when num_splits > 1, then merged here) as
+  (out bf16 [T, H, 512], lse f32 [T, H]): padding rows dropped, and the output's columns
+  reordered by `columns` when the kernel used another order."""
+  out, lse = results if num_splits == 1 else merge_partials(*results, sink_rows)
+  out = out[:, :rows] if columns is None else out[:, :rows, columns]
+  return (out.reshape(num_tokens, num_heads, out.shape[-1]),
+          lse[:, :rows].reshape(num_tokens, num_heads))

@@ -1,0 +1,33 @@
+"""Element-wise pieces shared by the GPU kernels' bodies (Pallas Triton and Mosaic GPU): they
+use only jnp/lax operations that both lowerings and interpret mode accept."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax_mla._src import layout
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# s = q.k / sqrt(512); the kernels work with s * log2(e) so they can use exp2.
+SCORE_SCALE_LOG2 = LOG2E / math.sqrt(layout.HEAD_DIM)
+
+
+def e8m0_to_f32(b):
+  """e8m0 byte values (any integer dtype) -> 2^(b - 127) in f32; 0xFF -> NaN. Built from bits:
+  exact."""
+  bits = jnp.left_shift(b.astype(jnp.int32), 23)
+  x = jax.lax.bitcast_convert_type(bits, jnp.float32)
+  x = jnp.where(b == 0, jnp.float32(2.0**-127), x)  # 2^-127 is an f32 subnormal: no exponent bits
+  return jnp.where(b == 255, jnp.float32(jnp.nan), x)
+
+
+def logaddexp2(a, b):
+  """log2(2^a + 2^b) with infinities handled: (-inf, -inf) -> -inf, +inf wins."""
+  mx = jnp.maximum(a, b)
+  finite = jnp.abs(mx) < jnp.inf
+  mx_safe = jnp.where(finite, mx, 0.0)
+  return jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(a - mx_safe) + jnp.exp2(b - mx_safe)), mx)
