@@ -14,6 +14,7 @@ Usage: python tools/triton_ptx_stats.py [--batch 128] [--kv-len 2048] [--heads 1
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import io
 import os
@@ -101,20 +102,14 @@ def main():
                            os.path.join(tmp, "kernel.cubin")], capture_output=True, text=True)
   print(f"config: {config}")
   print(f"shared memory: {kernel.metadata.shared} bytes")
-  for shape, count in sorted(_count(re.findall(r"wgmma\.mma_async\S*", ptx)).items()):
+  shapes = collections.Counter(re.findall(r"wgmma\.mma_async\S*", ptx))
+  for shape, count in sorted(shapes.items()):
     print(f"{count:4d} x {shape}")
   print(f"{ptx.count('mma.sync'):4d} x mma.sync, {ptx.count('cp.async.'):4d} x cp.async, "
         f"{ptx.count('wgmma.wait_group'):4d} x wgmma.wait_group")
   for line in (info.stdout + info.stderr).splitlines():
     if "spill" in line or "Used" in line or "error" in line:
       print(line.strip())
-
-
-def _count(items):
-  counts = {}
-  for item in items:
-    counts[item] = counts.get(item, 0) + 1
-  return counts
 
 
 if __name__ == "__main__":
