@@ -125,14 +125,20 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
                                            p["indptr"], idx.reshape(-1), p["sink"],
                                            tokens_per_seq=tokens_per_seq, config=config,
                                            interpret=INTERPRET)[0]
-  if impl == "mosaic":
+  if impl in MOSAIC_IMPLS:
     from jax_mla._src import mosaic_decode as md  # pylint: disable=import-outside-toplevel
+    cfg = md.MosaicConfig(**MOSAIC_IMPLS[impl])
     return lambda p, idx: md.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
                                            p["indptr"], idx.reshape(-1), p["sink"],
-                                           tokens_per_seq=tokens_per_seq)[0]
+                                           tokens_per_seq=tokens_per_seq, config=cfg)[0]
   if impl == "index_update":
     return lambda p, idx: idx
   raise ValueError(impl)
+
+
+# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
+MOSAIC_IMPLS = {"mosaic": {}, "mosaic_tma": {"bulk_copies": False},
+                "mosaic_idx1": {"index_group": 1}, "mosaic_p2": {"producers": 2}}
 
 
 def looped(f, steps):
@@ -178,6 +184,8 @@ def shapes_for(suite):
   batches, lens = (1, 8, 32, 64, 128), (512, 1024, 2048)
   if suite == "tiny":  # a CPU smoke test of this script (with --interpret)
     return [(16, 4, 2, 64)]
+  if suite == "big":
+    return [(128, 1, b, 2048) for b in (64, 128)]
   if suite == "quick":
     return [(128, 1, b, k) for b in (1, 64, 128) for k in (512, 2048)]
   if suite == "others-quick":
@@ -200,7 +208,7 @@ def check_agreement(p, tokens_per_seq, config, impl="pallas"):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--suite", default="full",
-                  choices=["full", "h128", "others", "quick", "others-quick", "tiny"])
+                  choices=["full", "h128", "others", "quick", "others-quick", "big", "tiny"])
   ap.add_argument("--impls", default="pallas,plain,reference")
   ap.add_argument("--configs", default="", help="Pallas variants, e.g. 64x64w8s2,128x32w16s2")
   ap.add_argument("--steps", type=int, default=30)
@@ -289,8 +297,9 @@ def main():
       for name, cfg in (variants or [("pallas", None)]):
         if name in runs:
           agree[name] = check_agreement(p, tps, cfg)
-    if "mosaic" in runs and "plain" in impls:
-      agree["mosaic"] = check_agreement(p, tps, None, impl="mosaic")
+    for name in MOSAIC_IMPLS:
+      if name in runs and "plain" in impls:
+        agree[name] = check_agreement(p, tps, None, impl=name)
     tokens = batch * tps
     flops = 2.0 * tokens * heads * kv_len * 1024
     nbytes = tokens * heads * (640 + 1024) + batch * kv_len * 640
@@ -340,7 +349,7 @@ def print_table(rows, impls, variants):
   shapes = sorted({(r["heads"], r["tokens_per_seq"], r["batch"], r["kv_len"]) for r in rows},
                   key=lambda s: (-s[0], s[1], s[3], s[2]))
   pallas_names = [n for n, _ in variants] or (["pallas"] if "pallas" in impls else [])
-  pallas_names += ["mosaic"] if "mosaic" in impls else []
+  pallas_names += [n for n in MOSAIC_IMPLS if n in impls]
   print()
   print("| H | tps | B | K | " + " | ".join(f"{n} us" for n in pallas_names) +
         " | TFLOP/s | HBM frac | plain us | ref us | x plain | x ref | FlashMLA us | idx upd us |")

@@ -32,24 +32,22 @@ GPU = pytest.mark.skipif(not _hopper(), reason=f"needs an sm90 (Hopper) GPU; the
 SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
 
 
-# The kernel's variants: where the tile scales come from, and how a row is staged (see
-# MosaicConfig). The first is the default.
+# The kernel's variants (see MosaicConfig). The first is the default.
 CONFIGS = {
-    "gmem_scales": md.MosaicConfig(),
-    "staged_scales": md.MosaicConfig(scales="staged"),
-    "gmem_scales_4_copies": md.MosaicConfig(row_copies=4),
-    "staged_scales_4_copies": md.MosaicConfig(scales="staged", row_copies=4),
+    "default": md.MosaicConfig(),
+    "tensor_map_copies": md.MosaicConfig(bulk_copies=False, index_group=1),
+    "two_producers": md.MosaicConfig(producers=2),
 }
 
 
 @functools.lru_cache(maxsize=None)
-def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True, config="gmem_scales"):
+def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True, config="default"):
   return jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
                                    num_kv_splits_=num_kv_splits, return_lse=return_lse,
                                    config=CONFIGS[config]))
 
 
-def run(batch, num_kv_splits=None, return_lse=True, config="gmem_scales"):
+def run(batch, num_kv_splits=None, return_lse=True, config="default"):
   args = [*batch.args()[:-1], batch.sink_array()]
   out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse, config)(*args)
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
@@ -73,10 +71,11 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-@pytest.mark.parametrize("bad", [dict(scales="tma"), dict(row_copies=2)])
-def test_unknown_config_values_raise(bad):
+@pytest.mark.parametrize("bad", [dict(producers=3), dict(index_group=0),
+                                 dict(producers=2, index_group=64)])
+def test_bad_config_values_raise(bad):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
-  with pytest.raises(ValueError, match=next(iter(bad))):
+  with pytest.raises(ValueError, match=list(bad)[-1]):  # the field the message names
     md.mosaic_decode(*batch.args(), tokens_per_seq=1, config=md.MosaicConfig(**bad))
 
 

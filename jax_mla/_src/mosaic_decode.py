@@ -1,16 +1,18 @@
 """The fp8 MLA decode as a Pallas Mosaic GPU kernel (NVIDIA Hopper: wgmma, TMA, warp specialization).
 
-EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked in CI) but has
-not yet passed the oracle tests on an H200 (benchmarks/NOTES-pallas.md says what was run).
+EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked in CI) and
+passes the oracle tests on an H200 (2026-12-02), but it is slower there than the Triton-lowered
+kernel (benchmarks/NOTES-pallas.md has the figures).
 
-One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
+One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups (four with two
+producers):
 
 - the producer (warpgroup 2) reads the KV indices of the next block of 64 entries and copies
-  each gathered row into shared memory with two TMAs: the 512-byte packed row (as 256 16-bit
-  words; a TMA moves whole rows, so the scale and padding bytes come along and are never used)
-  and its 64 bf16 RoPE values. Two stages: block i + 1 is copied while block i is computed.
+  each gathered row into shared memory with two bulk copies: the 512-byte packed row (as 256
+  16-bit words, scale and padding bytes included) and its 64 bf16 RoPE values. Two stages:
+  block i + 1 is copied while block i is computed.
 - the two consumers (warpgroups 0 and 1) each dequantize half of the block's 512 columns into
-  one shared bf16 tile (the e8m0 tile scales come decoded to f32 by XLA, tile-major), then both
+  one shared bf16 tile (the e8m0 tile scales are read from the staged rows), then both
   compute S = Q K^T over all 512 dims (computed twice, which keeps the softmax local to each
   warpgroup), the online softmax with the sink, and their half of O += P V (V is the same
   tile). The accumulator O [64, 256] f32 stays in registers.
@@ -47,18 +49,19 @@ TILE = layout.TILE
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-  """num_stages: raw-row buffers (copies of this many blocks in flight). scales: where the
-  consumers get the e8m0 tile scales. "gmem": decoded to f32 by XLA beforehand and loaded from
-  global memory (what ran on the H200 on 2026-12-02; the first suspect for its wrong NoPE
-  values). "staged": from the scale bytes already staged in shared memory with each row
-  (bytes 448 + 2t, word 224 + t), no XLA pass; lowers, never run on a GPU."""
+  """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   num_stages: int = 2
   min_split_entries: int = 256
-  scales: str = "gmem"
-  # 1: one TMA of the row's 256 words, loads take column slices of [64, 256]; 4: four TMAs of 64
-  # words into [4, 64, 64], so the main loads read whole [64, 64] buffers, as the RoPE loads
-  # do (which were correct on the H200). A diagnostic: it tests the column-slice loads.
-  row_copies: int = 1
+  # True: the row copies promise to stay in bounds (the indices are clamped), which makes Mosaic
+  # issue plain contiguous bulk copies (cp.async.bulk, no tensor map); False: tensor-map TMAs.
+  bulk_copies: bool = True
+  # The producer reads this many KV indices from global memory before issuing their copies, so
+  # the index loads overlap instead of each waiting behind the previous copies (1: one by one).
+  index_group: int = 16
+  # Producer warpgroups: with 2, each issues the copies of half the block's rows (the copies'
+  # issue rate limited the kernel on the H200). Registers: 56 / 224 (1) or 40 / 216 (2) per
+  # thread for the producers / consumers.
+  producers: int = 1
 
 
 def _plgpu():
@@ -100,11 +103,12 @@ def _decode_e4m3(b):
   return jnp.where((b & 127) == 127, jnp.float32(jnp.nan), vals)
 
 
-def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
+def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, num_indices, staged_scales, row_copies):
+            *, num_splits, num_stages, num_indices, bulk_copies, index_group, producers):
   plgpu = _plgpu()
+  oob_mode = (plgpu.OOBFillMode.PROMISE_IN_BOUNDS if bulk_copies else plgpu.OOBFillMode.ZEROS)
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
   split = lax.axis_index("split")
@@ -119,9 +123,11 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
   chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
   steps = chunk_hi - chunk_lo
 
-  @pl.when(wg == 2)
+  @pl.when(wg >= 2)
   def _producer():
-    plgpu.set_max_registers(56, action="decrease")
+    plgpu.set_max_registers(56 if producers == 1 else 40, action="decrease")
+    per_producer = BLOCK_KV // producers
+    mine = wg - 2
 
     @pl.loop(0, steps)
     def _fill(step):
@@ -133,21 +139,19 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
 
       base = start + (chunk_lo + step) * BLOCK_KV
       bar = full_bars.at[slot]
-      for j in range(BLOCK_KV):
-        row = idx_ref[jnp.minimum(base + j, num_indices - 1)]
-        # One row: 256 words (a TMA box is at most 256 elements per dimension) and the RoPE.
-        if row_copies == 1:
-          plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)],
-                                  bar)
-        else:
-          for c in range(row_copies):
-            plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(row, 1), pl.ds(64 * c, 64)],
-                                    raw_smem.at[slot, c, pl.ds(j, 1)], bar)
-        plgpu.copy_gmem_to_smem(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)], bar)
+      copy = functools.partial(plgpu.copy_gmem_to_smem, barrier=bar, oob_mode=oob_mode)
+      for first in range(0, per_producer, index_group):
+        entries = [mine * per_producer + j
+                   for j in range(first, min(first + index_group, per_producer))]
+        rows = [idx_ref[jnp.minimum(base + j, num_indices - 1)] for j in entries]
+        for j, row in zip(entries, rows):
+          # One row: its 256 words (scales and padding come along, never used) and the RoPE.
+          copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
+          copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
 
   @pl.when(wg < 2)
   def _consumer():
-    plgpu.set_max_registers(224, action="increase")
+    plgpu.set_max_registers(224 if producers == 1 else 216, action="increase")
     # Each consumer copies one half (a TMA box is at most 256 elements along each dimension).
     plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(wg * HALF, HALF)],
                             q_smem.at[wg], q_bar)
@@ -163,18 +167,10 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
 
       def raw_words(first, width):
         """The staged rows' 16-bit words first .. first + width - 1: a [64, width] ref."""
-        if row_copies == 1:
-          return raw_smem.at[slot, :, pl.ds(first, width)]
-        chunk, offset = divmod(first, 64)
-        if offset == 0 and width == 64:
-          return raw_smem.at[slot, chunk]
-        return raw_smem.at[slot, chunk, :, pl.ds(offset, width)]
+        return raw_smem.at[slot, :, pl.ds(first, width)]
 
       def tile_scales(tiles):
         """{t: f32 [64] row vector} for the given tiles of this block's rows."""
-        if not staged_scales:  # decoded by XLA, in global memory
-          return {t: plgpu.load(scale_ref.at[t], pl.ds(start + base_entry, BLOCK_KV),
-                                layout=row_layout, optimized=False) for t in tiles}
         # The rows' words 224..231 (bytes 448..463) are in shared memory with the row: the low
         # byte of word 224 + t is tile t's scale. Word 231 (padding) is loaded, never used.
         words = plgpu.load(raw_words(SCALE_WORD, 8), (), layout=wgmma_layout, optimized=False)
@@ -283,23 +279,17 @@ def _kernel(indptr_ref, idx_ref, scale_ref, q_ref, kv_ref, rope_ref, sink_ref, o
         lse_ref[seq, split, pl.ds(row0, BLOCK_ROWS)] = lse2 * LN2
 
 
-def _decoded_scales(kv, rows, num_padded):
-  """f32 [7, num_padded]: the e8m0 tile scales of the indexed rows, tile-major (0 past the
-  list). Only bytes 448 + 2t of each row are read."""
-  scales = e8m0_to_f32(kv[rows][:, layout.SCALE_OFFSET:layout.PAD_OFFSET:2])  # [n, 7]
-  return jnp.pad(scales.T, ((0, 0), (0, num_padded - scales.shape[0])))
-
-
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                   num_kv_splits_: int | None = None, return_lse: bool = True,
                   config: MosaicConfig | None = None):
   """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
   plgpu = _plgpu()
   config = config or MosaicConfig()
-  if config.scales not in ("gmem", "staged"):
-    raise ValueError(f"MosaicConfig.scales must be 'gmem' or 'staged', got {config.scales!r}")
-  if config.row_copies not in (1, 4):
-    raise ValueError(f"MosaicConfig.row_copies must be 1 or 4, got {config.row_copies!r}")
+  if config.producers not in (1, 2):
+    raise ValueError(f"MosaicConfig.producers must be 1 or 2, got {config.producers!r}")
+  if not 1 <= config.index_group <= BLOCK_KV // config.producers:
+    raise ValueError(f"MosaicConfig.index_group must be in 1..{BLOCK_KV // config.producers}, "
+                     f"got {config.index_group!r}")
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
@@ -314,14 +304,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)[..., PERM]
   q_bf16 = jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0)))
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  # Room for the last block's full 64 entries past any start: a block's scale load never leaves
-  # the array (and reads zeros there).
+  # A block's 64 entries past any start stay inside the list (padded with row 0, clamped into
+  # the pool): the copies past a sequence's end read real rows, which the length mask drops.
   num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
-  staged_scales = config.scales == "staged"
-  scales = (jnp.zeros((layout.NUM_TILES, BLOCK_KV), jnp.float32) if staged_scales
-            else _decoded_scales(kv, indices, num_padded))
   # The packed rows as 256 little-endian 16-bit words each (a reinterpretation, no copy).
   kv_words = lax.bitcast_convert_type(kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2),
                                       jnp.uint16)
@@ -334,26 +321,25 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2) if config.row_copies == 1
-                          else (stages, 4, BLOCK_KV, 64), jnp.uint16),
+      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      # One arrival per copy: the row's copies and the RoPE's, per entry.
-      full_bars=plgpu.Barrier(num_arrivals=(config.row_copies + 1) * BLOCK_KV,
+      # One arrival per copy: the row's and the RoPE's, per entry.
+      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV,
                               num_barriers=stages),
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
       k_free_bar=plgpu.Barrier(num_arrivals=2),
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
-                             num_indices=num_padded, staged_scales=staged_scales,
-                             row_copies=config.row_copies)
+                             num_indices=num_padded, bulk_copies=config.bulk_copies,
+                             index_group=config.index_group, producers=config.producers)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
-      num_threads=3, thread_name="wg",
-  )(kv_indptr.astype(jnp.int32), indices, scales, q_bf16,
+      num_threads=2 + config.producers, thread_name="wg",
+  )(kv_indptr.astype(jnp.int32), indices, q_bf16,
     kv_words, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, columns=INV_PERM)
