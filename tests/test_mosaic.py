@@ -37,6 +37,7 @@ CONFIGS = {
     "default": md.MosaicConfig(),
     "tensor_map_copies": md.MosaicConfig(bulk_copies=False, index_group=1),
     "two_producers": md.MosaicConfig(producers=2),
+    "register_rows": md.MosaicConfig(register_rows=True),
 }
 
 

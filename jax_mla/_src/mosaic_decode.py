@@ -62,6 +62,9 @@ class MosaicConfig:
   # issue rate limited the kernel on the H200). Registers: 56 / 224 (1) or 40 / 216 (2) per
   # thread for the producers / consumers.
   producers: int = 1
+  # True: the producers load the packed rows into registers (every thread 4 bytes of a row) and
+  # store them to shared memory, instead of one copy per row; the RoPE keeps its copies.
+  register_rows: bool = False
 
 
 def _plgpu():
@@ -106,7 +109,8 @@ def _decode_e4m3(b):
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, num_indices, bulk_copies, index_group, producers):
+            *, num_splits, num_stages, num_indices, bulk_copies, index_group, producers,
+            register_rows):
   plgpu = _plgpu()
   oob_mode = (plgpu.OOBFillMode.PROMISE_IN_BOUNDS if bulk_copies else plgpu.OOBFillMode.ZEROS)
   seq = lax.axis_index("seq")
@@ -144,10 +148,18 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         entries = [mine * per_producer + j
                    for j in range(first, min(first + index_group, per_producer))]
         rows = [idx_ref[jnp.minimum(base + j, num_indices - 1)] for j in entries]
+        if register_rows:  # all 128 threads load the rows (4 bytes each), then store them
+          words = [plgpu.load(kv_ref.at[pl.ds(row, 1)], (), optimized=False) for row in rows]
+          for j, w in zip(entries, words):
+            raw_smem[slot, pl.ds(j, 1)] = w
         for j, row in zip(entries, rows):
           # One row: its 256 words (scales and padding come along, never used) and the RoPE.
-          copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
+          if not register_rows:
+            copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
           copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
+      if register_rows:  # every thread's stores, then one arrival for this warpgroup
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(bar)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -324,8 +336,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      # One arrival per copy: the row's and the RoPE's, per entry.
-      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV,
+      # One arrival per copy: the row's and the RoPE's, per entry (register_rows: the RoPE's,
+      # and one per producer).
+      full_bars=plgpu.Barrier(num_arrivals=(BLOCK_KV + config.producers if config.register_rows
+                                            else 2 * BLOCK_KV),
                               num_barriers=stages),
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
@@ -333,7 +347,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              num_indices=num_padded, bulk_copies=config.bulk_copies,
-                             index_group=config.index_group, producers=config.producers)
+                             index_group=config.index_group, producers=config.producers,
+                             register_rows=config.register_rows)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
