@@ -138,9 +138,7 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_tma": {"bulk_copies": False},
-                "mosaic_idx1": {"index_group": 1}, "mosaic_p2": {"producers": 2},
-                "mosaic_reg": {"register_rows": True},
-                "mosaic_reg_p2": {"register_rows": True, "producers": 2}}
+                "mosaic_idx1": {"index_group": 1}}
 
 
 def looped(f, steps):

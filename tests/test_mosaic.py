@@ -36,8 +36,6 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 CONFIGS = {
     "default": md.MosaicConfig(),
     "tensor_map_copies": md.MosaicConfig(bulk_copies=False, index_group=1),
-    "two_producers": md.MosaicConfig(producers=2),
-    "register_rows": md.MosaicConfig(register_rows=True),
 }
 
 
@@ -72,8 +70,7 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-@pytest.mark.parametrize("bad", [dict(producers=3), dict(index_group=0),
-                                 dict(producers=2, index_group=64)])
+@pytest.mark.parametrize("bad", [dict(index_group=0), dict(index_group=65)])
 def test_bad_config_values_raise(bad):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
   with pytest.raises(ValueError, match=list(bad)[-1]):  # the field the message names

@@ -4,8 +4,7 @@ EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked
 passes the oracle tests on an H200 (2026-12-02), but it is slower there than the Triton-lowered
 kernel (benchmarks/NOTES-pallas.md has the figures).
 
-One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups (four with two
-producers):
+One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
 
 - the producer (warpgroup 2) reads the KV indices of the next block of 64 entries and copies
   each gathered row into shared memory with two bulk copies: the 512-byte packed row (as 256
@@ -58,13 +57,6 @@ class MosaicConfig:
   # The producer reads this many KV indices from global memory before issuing their copies, so
   # the index loads overlap instead of each waiting behind the previous copies (1: one by one).
   index_group: int = 16
-  # Producer warpgroups: with 2, each issues the copies of half the block's rows (the copies'
-  # issue rate limited the kernel on the H200). Registers: 56 / 224 (1) or 40 / 216 (2) per
-  # thread for the producers / consumers.
-  producers: int = 1
-  # True: the producers load the packed rows into registers (every thread 4 bytes of a row) and
-  # store them to shared memory, instead of one copy per row; the RoPE keeps its copies.
-  register_rows: bool = False
 
 
 def _plgpu():
@@ -109,8 +101,7 @@ def _decode_e4m3(b):
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, num_indices, bulk_copies, index_group, producers,
-            register_rows):
+            *, num_splits, num_stages, num_indices, bulk_copies, index_group):
   plgpu = _plgpu()
   oob_mode = (plgpu.OOBFillMode.PROMISE_IN_BOUNDS if bulk_copies else plgpu.OOBFillMode.ZEROS)
   seq = lax.axis_index("seq")
@@ -127,11 +118,9 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
   chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
   steps = chunk_hi - chunk_lo
 
-  @pl.when(wg >= 2)
+  @pl.when(wg == 2)
   def _producer():
-    plgpu.set_max_registers(56 if producers == 1 else 40, action="decrease")
-    per_producer = BLOCK_KV // producers
-    mine = wg - 2
+    plgpu.set_max_registers(56, action="decrease")
 
     @pl.loop(0, steps)
     def _fill(step):
@@ -144,26 +133,17 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       base = start + (chunk_lo + step) * BLOCK_KV
       bar = full_bars.at[slot]
       copy = functools.partial(plgpu.copy_gmem_to_smem, barrier=bar, oob_mode=oob_mode)
-      for first in range(0, per_producer, index_group):
-        entries = [mine * per_producer + j
-                   for j in range(first, min(first + index_group, per_producer))]
+      for first in range(0, BLOCK_KV, index_group):
+        entries = range(first, min(first + index_group, BLOCK_KV))
         rows = [idx_ref[jnp.minimum(base + j, num_indices - 1)] for j in entries]
-        if register_rows:  # all 128 threads load the rows (4 bytes each), then store them
-          words = [plgpu.load(kv_ref.at[pl.ds(row, 1)], (), optimized=False) for row in rows]
-          for j, w in zip(entries, words):
-            raw_smem[slot, pl.ds(j, 1)] = w
         for j, row in zip(entries, rows):
           # One row: its 256 words (scales and padding come along, never used) and the RoPE.
-          if not register_rows:
-            copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
+          copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
           copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
-      if register_rows:  # every thread's stores, then one arrival for this warpgroup
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(bar)
 
   @pl.when(wg < 2)
   def _consumer():
-    plgpu.set_max_registers(224 if producers == 1 else 216, action="increase")
+    plgpu.set_max_registers(224, action="increase")
     # Each consumer copies one half (a TMA box is at most 256 elements along each dimension).
     plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(wg * HALF, HALF)],
                             q_smem.at[wg], q_bar)
@@ -297,10 +277,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
   plgpu = _plgpu()
   config = config or MosaicConfig()
-  if config.producers not in (1, 2):
-    raise ValueError(f"MosaicConfig.producers must be 1 or 2, got {config.producers!r}")
-  if not 1 <= config.index_group <= BLOCK_KV // config.producers:
-    raise ValueError(f"MosaicConfig.index_group must be in 1..{BLOCK_KV // config.producers}, "
+  if not 1 <= config.index_group <= BLOCK_KV:
+    raise ValueError(f"MosaicConfig.index_group must be in 1..{BLOCK_KV}, "
                      f"got {config.index_group!r}")
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
@@ -336,10 +314,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      # One arrival per copy: the row's and the RoPE's, per entry (register_rows: the RoPE's,
-      # and one per producer).
-      full_bars=plgpu.Barrier(num_arrivals=(BLOCK_KV + config.producers if config.register_rows
-                                            else 2 * BLOCK_KV),
+      # One arrival per copy: the row's and the RoPE's, per entry.
+      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV,
                               num_barriers=stages),
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
@@ -347,13 +323,12 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              num_indices=num_padded, bulk_copies=config.bulk_copies,
-                             index_group=config.index_group, producers=config.producers,
-                             register_rows=config.register_rows)
+                             index_group=config.index_group)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
-      num_threads=2 + config.producers, thread_name="wg",
+      num_threads=3, thread_name="wg",
   )(kv_indptr.astype(jnp.int32), indices, q_bf16,
     kv_words, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
