@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -57,6 +58,13 @@ class MosaicConfig:
   # The producer reads this many KV indices from global memory before issuing their copies, so
   # the index loads overlap instead of each waiting behind the previous copies (1: one by one).
   index_group: int = 16
+  # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
+  # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
+  # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
+  # (benchmarks/mosaic_profile.py summarizes it). The records are staged in shared memory,
+  # 16 bytes per region per warpgroup, which bounds profile_steps to about 40.
+  profile_dir: str = ""
+  profile_steps: int = 0
 
 
 def _plgpu():
@@ -128,18 +136,20 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
       @pl.when(step >= num_stages)
       def _wait_free():
-        plgpu.barrier_wait(free_bars.at[slot])
+        with jax.named_scope("free_wait"):
+          plgpu.barrier_wait(free_bars.at[slot])
 
       base = start + (chunk_lo + step) * BLOCK_KV
       bar = full_bars.at[slot]
       copy = functools.partial(plgpu.copy_gmem_to_smem, barrier=bar, oob_mode=oob_mode)
-      for first in range(0, BLOCK_KV, index_group):
-        entries = range(first, min(first + index_group, BLOCK_KV))
-        rows = [idx_ref[jnp.minimum(base + j, num_indices - 1)] for j in entries]
-        for j, row in zip(entries, rows):
-          # One row: its 256 words (scales and padding come along, never used) and the RoPE.
-          copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
-          copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
+      with jax.named_scope("issue"):
+        for first in range(0, BLOCK_KV, index_group):
+          entries = range(first, min(first + index_group, BLOCK_KV))
+          rows = [idx_ref[jnp.minimum(base + j, num_indices - 1)] for j in entries]
+          for j, row in zip(entries, rows):
+            # One row: its 256 words (scales and padding come along, never used) and the RoPE.
+            copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
+            copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
 
   @pl.when(wg < 2)
   def _consumer():
@@ -154,7 +164,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
     def body(step, carry):
       acc, m_i, l_i = carry
       slot = lax.rem(step, num_stages)
-      plgpu.barrier_wait(full_bars.at[slot])
+      with jax.named_scope("rows_wait"):
+        plgpu.barrier_wait(full_bars.at[slot])
       base_entry = (chunk_lo + step) * BLOCK_KV
 
       def raw_words(first, width):
@@ -192,9 +203,11 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
       @pl.when(step > 0)
       def _wait_k_free():  # both consumers are done with the previous tile
-        plgpu.barrier_wait(k_free_bar)
+        with jax.named_scope("k_free_wait"):
+          plgpu.barrier_wait(k_free_bar)
 
       @pl.when(wg == 0)
+      @jax.named_scope("dequantize")
       def _dequantize_first_half():  # latent columns 0..255: chunks 0 and 1
         scale = tile_scales(range(4))
         for c in range(2):
@@ -203,6 +216,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
           k_smem[0, :, pl.ds(128 * c + 64, 64)] = odd
 
       @pl.when(wg == 1)
+      @jax.named_scope("dequantize")
       def _dequantize_second_half():  # chunk 2, NoPE bytes 384..447, the RoPE
         scale = tile_scales(range(4, layout.NUM_TILES))
         even, odd = word_chunk(128, 64, scale[4], scale[5])
@@ -217,26 +231,31 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       plgpu.barrier_arrive(free_bars.at[slot])  # the raw slot may be refilled
       plgpu.commit_smem()  # the generic-proxy stores, before wgmma reads them
       plgpu.barrier_arrive(k_ready_bar)
-      plgpu.barrier_wait(k_ready_bar)
+      with jax.named_scope("k_ready_wait"):
+        plgpu.barrier_wait(k_ready_bar)
 
       def qk(acc_ref):
         for h in range(2):
           plgpu.wgmma(acc_ref, q_smem.at[h], plgpu.transpose_ref(k_smem.at[h], (1, 0)))
         return acc_ref[...]
 
-      s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
-      entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_ROWS, BLOCK_KV), 1, layout=wgmma_layout)
-      s = jnp.where(entry + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
-      m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
-      alpha = jnp.exp2(m_i - m_new)
-      p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-      l_i = l_i * alpha + p.sum(axis=1)
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      with jax.named_scope("qk"):
+        s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
+      with jax.named_scope("softmax"):
+        entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_ROWS, BLOCK_KV), 1,
+                                       layout=wgmma_layout)
+        s = jnp.where(entry + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
+        m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
+        alpha = jnp.exp2(m_i - m_new)
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        l_i = l_i * alpha + p.sum(axis=1)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[wg])
 
-      acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+      with jax.named_scope("pv"):
+        acc = pl.run_state(pv)(plgpu.ACC.init(acc))
       plgpu.barrier_arrive(k_free_bar)
       return acc, m_new, l_i
 
@@ -271,6 +290,21 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         lse_ref[seq, split, pl.ds(row0, BLOCK_ROWS)] = lse2 * LN2
 
 
+# Named regions a warpgroup enters per step (the consumers' seven).
+_REGIONS_PER_STEP = 7
+
+
+def _profiler_params(config):
+  """Mosaic GPU compiler parameters: room for the profiler's records when profiling is on."""
+  if bool(config.profile_dir) != bool(config.profile_steps):
+    raise ValueError("MosaicConfig.profile_dir and profile_steps are set together or not at all")
+  if not config.profile_dir:
+    return None
+  # profile_space counts regions per warpgroup; a few more for the regions outside the loop.
+  return _plgpu().CompilerParams(profile_space=_REGIONS_PER_STEP * config.profile_steps + 4,
+                                 profile_dir=config.profile_dir)
+
+
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                   num_kv_splits_: int | None = None, return_lse: bool = True,
                   config: MosaicConfig | None = None):
@@ -280,6 +314,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if not 1 <= config.index_group <= BLOCK_KV:
     raise ValueError(f"MosaicConfig.index_group must be in 1..{BLOCK_KV}, "
                      f"got {config.index_group!r}")
+  compiler_params = _profiler_params(config)
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
@@ -327,6 +362,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
+      compiler_params=compiler_params,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
       num_threads=3, thread_name="wg",
   )(kv_indptr.astype(jnp.int32), indices, q_bf16,
