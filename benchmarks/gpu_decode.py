@@ -138,7 +138,7 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_tma": {"bulk_copies": False},
-                "mosaic_idx1": {"index_group": 1}}
+                "mosaic_idx1": {"index_group": 1}, "mosaic_bytes": {"fp8_bytes": True}}
 
 
 def looped(f, steps):

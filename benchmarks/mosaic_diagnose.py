@@ -68,7 +68,8 @@ def main(names, config):
           "lse err per sequence", [f"{e:.3g}" for e in lse_err], flush=True)
 
 
-VARIANTS = (md.MosaicConfig(), md.MosaicConfig(bulk_copies=False, index_group=1))
+VARIANTS = (md.MosaicConfig(), md.MosaicConfig(bulk_copies=False, index_group=1),
+            md.MosaicConfig(fp8_bytes=True))
 
 if __name__ == "__main__":
   for config in VARIANTS:

@@ -36,6 +36,7 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 CONFIGS = {
     "default": md.MosaicConfig(),
     "tensor_map_copies": md.MosaicConfig(bulk_copies=False, index_group=1),
+    "fp8_bytes": md.MosaicConfig(fp8_bytes=True),
 }
 
 
@@ -71,7 +72,8 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
 
 
 @pytest.mark.parametrize("bad", [dict(index_group=0), dict(index_group=65),
-                                 dict(profile_dir="/tmp/x"), dict(profile_steps=4)])
+                                 dict(profile_dir="/tmp/x"), dict(profile_steps=4),
+                                 dict(bulk_copies=False, fp8_bytes=True)])
 def test_bad_config_values_raise(bad):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
   with pytest.raises(ValueError, match=list(bad)[-1].split("_")[0]):  # the field named

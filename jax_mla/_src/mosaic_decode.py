@@ -58,6 +58,11 @@ class MosaicConfig:
   # The producer reads this many KV indices from global memory before issuing their copies, so
   # the index loads overlap instead of each waiting behind the previous copies (1: one by one).
   index_group: int = 16
+  # False: rows staged as 16-bit words, decoded to fp8 values with integer operations, latent
+  # columns permuted (PERM). True: rows staged as bytes (one 512-byte bulk copy), each 64-column
+  # tile loaded as fp8 and converted by the hardware (cvt e4m3x2 -> f16x2), no permutation.
+  # Written to measure the dequantization's cost; lowers, never run on a GPU (2026-12-02).
+  fp8_bytes: bool = False
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -109,7 +114,7 @@ def _decode_e4m3(b):
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, num_indices, bulk_copies, index_group):
+            *, num_splits, num_stages, num_indices, bulk_copies, index_group, fp8_bytes):
   plgpu = _plgpu()
   oob_mode = (plgpu.OOBFillMode.PROMISE_IN_BOUNDS if bulk_copies else plgpu.OOBFillMode.ZEROS)
   seq = lax.axis_index("seq")
@@ -174,6 +179,12 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
       def tile_scales(tiles):
         """{t: f32 [64] row vector} for the given tiles of this block's rows."""
+        if fp8_bytes:  # bytes 448..463: tile t's scale is byte 448 + 2t
+          scale_bytes = plgpu.load(raw_smem.at[slot, :, pl.ds(layout.SCALE_OFFSET, 16)], (),
+                                   layout=wgmma_layout, optimized=False).astype(jnp.int32)
+          col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 16), 1, layout=wgmma_layout)
+          return {t: e8m0_to_f32(jnp.where(col == 2 * t, scale_bytes, 0).sum(axis=1))
+                  for t in tiles}
         # The rows' words 224..231 (bytes 448..463) are in shared memory with the row: the low
         # byte of word 224 + t is tile t's scale. Word 231 (padding) is loaded, never used.
         words = plgpu.load(raw_words(SCALE_WORD, 8), (), layout=wgmma_layout, optimized=False)
@@ -201,6 +212,14 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         return [jnp.where(ok, _decode_e4m3(b) * scale, 0.0).astype(jnp.bfloat16)
                 for b in (words & 255, lax.shift_right_logical(words, 8))]
 
+      def byte_tile(t, scale):
+        """Tile t's 64 fp8 columns of the block's rows -> bf16 [64, 64], scaled, invalid rows 0."""
+        raw = plgpu.load(raw_smem.at[slot, :, pl.ds(TILE * t, TILE)], (), layout=wgmma_layout,
+                         optimized=False)
+        vals = lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
+        vals = vals * lax.broadcast_in_dim(scale, (BLOCK_KV, TILE), [0])
+        return jnp.where(valid_mask(TILE), vals, 0.0).astype(jnp.bfloat16)
+
       @pl.when(step > 0)
       def _wait_k_free():  # both consumers are done with the previous tile
         with jax.named_scope("k_free_wait"):
@@ -210,6 +229,10 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       @jax.named_scope("dequantize")
       def _dequantize_first_half():  # latent columns 0..255: chunks 0 and 1
         scale = tile_scales(range(4))
+        if fp8_bytes:
+          for t in range(4):
+            k_smem[0, :, pl.ds(TILE * t, TILE)] = byte_tile(t, scale[t])
+          return
         for c in range(2):
           even, odd = word_chunk(64 * c, 64, scale[2 * c], scale[2 * c + 1])
           k_smem[0, :, pl.ds(128 * c, 64)] = even
@@ -219,12 +242,16 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       @jax.named_scope("dequantize")
       def _dequantize_second_half():  # chunk 2, NoPE bytes 384..447, the RoPE
         scale = tile_scales(range(4, layout.NUM_TILES))
-        even, odd = word_chunk(128, 64, scale[4], scale[5])
-        k_smem[1, :, pl.ds(0, 64)] = even
-        k_smem[1, :, pl.ds(64, 64)] = odd
-        even, odd = word_chunk(192, 32, scale[6], scale[6])
-        k_smem[1, :, pl.ds(128, 32)] = even
-        k_smem[1, :, pl.ds(160, 32)] = odd
+        if fp8_bytes:
+          for t in range(4, layout.NUM_TILES):
+            k_smem[1, :, pl.ds(TILE * (t - 4), TILE)] = byte_tile(t, scale[t])
+        else:
+          even, odd = word_chunk(128, 64, scale[4], scale[5])
+          k_smem[1, :, pl.ds(0, 64)] = even
+          k_smem[1, :, pl.ds(64, 64)] = odd
+          even, odd = word_chunk(192, 32, scale[6], scale[6])
+          k_smem[1, :, pl.ds(128, 32)] = even
+          k_smem[1, :, pl.ds(160, 32)] = odd
         rope = plgpu.load(rope_smem.at[slot], (), layout=wgmma_layout, optimized=False)
         k_smem[1, :, pl.ds(192, 64)] = jnp.where(valid_mask(64), rope, jnp.zeros_like(rope))
 
@@ -314,6 +341,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if not 1 <= config.index_group <= BLOCK_KV:
     raise ValueError(f"MosaicConfig.index_group must be in 1..{BLOCK_KV}, "
                      f"got {config.index_group!r}")
+  if config.fp8_bytes and not config.bulk_copies:
+    raise ValueError("MosaicConfig.fp8_bytes needs bulk_copies: a tensor-map copy moves at most "
+                     "256 elements per dimension, a packed row is 512 bytes")
   compiler_params = _profiler_params(config)
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
@@ -326,7 +356,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
 
   q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
   q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)
-  q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)[..., PERM]
+  q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
+  if not config.fp8_bytes:
+    q_bf16 = q_bf16[..., PERM]
   q_bf16 = jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0)))
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   # A block's 64 entries past any start stay inside the list (padded with row 0, clamped into
@@ -346,7 +378,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16),
+      raw_smem=(plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES), jnp.uint8) if config.fp8_bytes
+                else plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES // 2), jnp.uint16)),
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
       # One arrival per copy: the row's and the RoPE's, per entry.
@@ -358,7 +391,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              num_indices=num_padded, bulk_copies=config.bulk_copies,
-                             index_group=config.index_group)
+                             index_group=config.index_group, fp8_bytes=config.fp8_bytes)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
@@ -366,7 +399,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
       num_threads=3, thread_name="wg",
   )(kv_indptr.astype(jnp.int32), indices, q_bf16,
-    kv_words, kv_rope, sink_rows)
+    kv if config.fp8_bytes else kv_words, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
-                                 num_heads=num_heads, columns=INV_PERM)
+                                 num_heads=num_heads,
+                                 columns=None if config.fp8_bytes else INV_PERM)
   return out, (lse if return_lse else None)
