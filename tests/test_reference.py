@@ -81,11 +81,7 @@ def test_nan_rows_outside_the_index_lists_never_leak():
   """Pool rows nobody indexes hold NaN scales; masked chunk slots must not read them into sums."""
   rng = np.random.default_rng(8)
   batch = make_batch(rng, num_heads=16, lengths=[3, 300], pool_rows=512, sink=0.1)
-  used = np.zeros(512, bool)
-  used[batch.kv_indices[:batch.kv_indptr[-1]]] = True
-  batch.kv[~used, 448:462] = 0xFF
-  batch.kv_indices[batch.kv_indptr[-1]:] = np.flatnonzero(~used)[:len(batch.kv_indices) -
-                                                                 batch.kv_indptr[-1]]
+  batch.poison_unindexed_rows()
   out, lse = jax_mla.decode(*batch.args(), backend="reference")
   assert np.isfinite(np.asarray(out, np.float32)).all() and np.isfinite(np.asarray(lse)).all()
   check_against_oracle(batch, out, lse)
