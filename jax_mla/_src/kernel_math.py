@@ -31,3 +31,14 @@ def logaddexp2(a, b):
   finite = jnp.abs(mx) < jnp.inf
   mx_safe = jnp.where(finite, mx, 0.0)
   return jnp.where(finite, mx_safe + jnp.log2(jnp.exp2(a - mx_safe) + jnp.exp2(b - mx_safe)), mx)
+
+
+def split_chunks(start, end, split, num_splits: int, block: int):
+  """A KV split's blocks of one sequence whose entries are start .. end - 1 of the index list:
+  (length, first block, one past the last block). The blocks are divided as evenly as the
+  count allows; a split past the end gets an empty range (first == last)."""
+  length = jnp.maximum(end - start, 0)
+  num_blocks = (length + block - 1) // block
+  per_split = (num_blocks + num_splits - 1) // num_splits
+  lo = jnp.minimum(split * per_split, num_blocks)
+  return length, lo, jnp.minimum(lo + per_split, num_blocks)

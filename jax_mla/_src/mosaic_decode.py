@@ -1,4 +1,4 @@
-"""The fp8 MLA decode as a Pallas Mosaic GPU kernel (NVIDIA Hopper: wgmma, TMA, warp specialization).
+"""The fp8 MLA decode as a Pallas Mosaic GPU kernel (NVIDIA Hopper: wgmma, TMA, warpgroups).
 
 EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked in CI) and
 passes the oracle tests on an H200 (2026-12-02), but it is slower there than the Triton-lowered
@@ -38,7 +38,8 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
-from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2
+from jax_mla._src.kernel_math import (LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2,
+                                      split_chunks)
 
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
@@ -124,11 +125,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
   row0 = row_block * BLOCK_ROWS
 
   start = indptr_ref[seq]
-  length = jnp.maximum(indptr_ref[seq + 1] - start, 0)
-  num_chunks = (length + BLOCK_KV - 1) // BLOCK_KV
-  per_split = (num_chunks + num_splits - 1) // num_splits
-  chunk_lo = jnp.minimum(split * per_split, num_chunks)
-  chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
+  length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                            BLOCK_KV)
   steps = chunk_hi - chunk_lo
 
   @pl.when(wg == 2)

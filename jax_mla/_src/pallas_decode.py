@@ -27,7 +27,8 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
-from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2
+from jax_mla._src.kernel_math import (LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2,
+                                      split_chunks)
 TILE = layout.TILE  # 64
 NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 
@@ -161,11 +162,8 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   q_rows = pl.ds(row0, block_rows)
 
   start = indptr_ref[seq]
-  length = jnp.maximum(indptr_ref[seq + 1] - start, 0)
-  num_chunks = (length + block_kv - 1) // block_kv
-  per_split = (num_chunks + num_splits - 1) // num_splits
-  chunk_lo = jnp.minimum(split * per_split, num_chunks)
-  chunk_hi = jnp.minimum(chunk_lo + per_split, num_chunks)
+  length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                            block_kv)
 
   def load_q():
     if q_in_loop:  # bf16 from XLA, loaded where it is used
@@ -300,7 +298,8 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
-      kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows), grid=(num_seqs, padded_rows // block_rows, num_splits),
+      kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
+      grid=(num_seqs, padded_rows // block_rows, num_splits),
       interpret=interpret, name="jax_mla_pallas_decode", **extra,
   )(kv_indptr, kv_indices, q3, q_rope3, kv, kv_rope, sink_rows)
 
