@@ -81,8 +81,9 @@ def _plgpu():
 def _permutation():
   """K/Q column order inside the kernel: position p holds latent column PERM[p].
 
-  The fp8 bytes are staged and loaded as 16-bit words (the 8-bit register loads of Mosaic did
-  not give correct data on the H200, 2026-12-02), so a word yields an even and an odd column.
+  The fp8 bytes are staged and loaded as 16-bit words, so a word yields an even and an odd
+  column. (Words were chosen when 8-bit loads seemed to give wrong data on the H200; the fault
+  was the global scale load, 2026-12-02. `MosaicConfig.fp8_bytes` stages bytes instead.)
   Each 128-byte chunk c < 3 becomes [its 64 even columns, its 64 odd columns]; the last 64
   NoPE bytes (384..447) become [32 even, 32 odd]; the RoPE stays at 448..511. Q is permuted
   the same way (so QK is unchanged) and the output is permuted back."""
@@ -176,22 +177,19 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         return raw_smem.at[slot, :, pl.ds(first, width)]
 
       def tile_scales(tiles):
-        """{t: f32 [64] row vector} for the given tiles of this block's rows."""
-        if fp8_bytes:  # bytes 448..463: tile t's scale is byte 448 + 2t
-          scale_bytes = plgpu.load(raw_smem.at[slot, :, pl.ds(layout.SCALE_OFFSET, 16)], (),
-                                   layout=wgmma_layout, optimized=False).astype(jnp.int32)
-          col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 16), 1, layout=wgmma_layout)
-          return {t: e8m0_to_f32(jnp.where(col == 2 * t, scale_bytes, 0).sum(axis=1))
-                  for t in tiles}
-        # The rows' words 224..231 (bytes 448..463) are in shared memory with the row: the low
-        # byte of word 224 + t is tile t's scale. Word 231 (padding) is loaded, never used.
-        words = plgpu.load(raw_words(SCALE_WORD, 8), (), layout=wgmma_layout, optimized=False)
-        low = words.astype(jnp.int32) & 255
-        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 8), 1, layout=wgmma_layout)
-        scales = {}
-        for t in tiles:
-          scales[t] = e8m0_to_f32(jnp.where(col == t, low, 0).sum(axis=1))
-        return scales
+        """{t: f32 [64] row vector} for the given tiles of this block's rows.
+
+        Bytes 448..463 of the rows are in shared memory with them: tile t's scale is byte
+        448 + 2t, which is byte 2t of them, or the low byte of their word t (words 224..231).
+        The padding bytes among them are loaded, never used."""
+        if fp8_bytes:
+          ref, col_of = raw_smem.at[slot, :, pl.ds(layout.SCALE_OFFSET, 16)], lambda t: 2 * t
+        else:
+          ref, col_of = raw_words(SCALE_WORD, 8), lambda t: t
+        low = plgpu.load(ref, (), layout=wgmma_layout, optimized=False).astype(jnp.int32) & 255
+        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, ref.shape[-1]), 1,
+                                     layout=wgmma_layout)
+        return {t: e8m0_to_f32(jnp.where(col == col_of(t), low, 0).sum(axis=1)) for t in tiles}
 
       def valid_mask(width):
         entry = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, width), 0, layout=wgmma_layout)
