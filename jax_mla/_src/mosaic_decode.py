@@ -362,9 +362,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
-  # The packed rows as 256 little-endian 16-bit words each (a reinterpretation, no copy).
-  kv_words = lax.bitcast_convert_type(kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2),
-                                      jnp.uint16)
+  # The rows as the kernel stages them: bytes, or 256 little-endian 16-bit words each (a
+  # reinterpretation, no copy).
+  staged_kv = kv if config.fp8_bytes else lax.bitcast_convert_type(
+      kv.reshape(kv.shape[0], layout.ROW_BYTES // 2, 2), jnp.uint16)
 
   # 64-byte swizzle (tiles of 8 x 32 bf16): the 32-column pieces of the permuted K are whole
   # tiles.
@@ -379,8 +380,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
       q_bar=plgpu.Barrier(num_arrivals=2),
       # One arrival per copy: the row's and the RoPE's, per entry.
-      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV,
-                              num_barriers=stages),
+      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV, num_barriers=stages),
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
       k_free_bar=plgpu.Barrier(num_arrivals=2),
@@ -395,7 +395,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
       num_threads=3, thread_name="wg",
   )(kv_indptr.astype(jnp.int32), indices, q_bf16,
-    kv if config.fp8_bytes else kv_words, kv_rope, sink_rows)
+    staged_kv, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads,
                                  columns=None if config.fp8_bytes else INV_PERM)
