@@ -13,14 +13,9 @@ from jax_mla._src.workspace import make_workspace
 from oracle import oracle_decode
 
 
-def sink_array(batch):
-  """decode_persistent takes no None sink: -inf means none."""
-  return batch.sink_array()
-
-
 def inputs(batch):
   return (batch.q, batch.q_rope, batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices,
-          sink_array(batch))
+          batch.sink_array())
 
 
 def run(batch, workspace=None, *, num_partitions=8, raw=False, **kwargs):
@@ -35,7 +30,7 @@ def run(batch, workspace=None, *, num_partitions=8, raw=False, **kwargs):
 
 
 def check_against_oracle(batch, out, lse):
-  assert_bf16_decode_close(out, lse, *oracle_decode(*batch.args()[:6], sink_array(batch), 1))
+  assert_bf16_decode_close(out, lse, *oracle_decode(*batch.args()[:6], batch.sink_array(), 1))
 
 
 def empty_rows(batch):

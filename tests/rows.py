@@ -69,16 +69,14 @@ class Batch:
       return np.full(self.q.shape[1], -np.inf, np.float32)
     return np.asarray(self.sink, np.float32)
 
-  def poison_unindexed_rows(self) -> np.ndarray:
+  def poison_unindexed_rows(self) -> None:
     """NaN scales (0xFF) in every pool row no sequence indexes, and the indices past the last
-    sequence pointed at those rows: a kernel that lets a masked slot reach a sum goes NaN.
-    Returns the pool's `used` mask."""
+    sequence pointed at those rows: a kernel that lets a masked slot reach a sum goes NaN."""
     listed = int(self.kv_indptr[-1])
     used = np.zeros(self.kv.shape[0], bool)
     used[self.kv_indices[:listed]] = True
     self.kv[~used, 448:462] = 0xFF
     self.kv_indices[listed:] = np.flatnonzero(~used)[:len(self.kv_indices) - listed]
-    return used
 
 
 def make_batch(rng: np.random.Generator, *, num_heads: int, lengths, tokens_per_seq: int = 1,

@@ -22,10 +22,6 @@ SUPPORTED = [(16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1)]
 LENGTHS = [0, 5, 70, 33, 150, 1]
 
 
-def sink_array(batch):
-  return batch.sink_array()
-
-
 @functools.lru_cache(maxsize=None)
 def jitted(tokens_per_seq, num_kv_splits, return_lse, fill=True):
   return jax.jit(functools.partial(
@@ -36,7 +32,7 @@ def jitted(tokens_per_seq, num_kv_splits, return_lse, fill=True):
 def run(batch, num_kv_splits, *, return_lse=None, fill=True):
   if return_lse is None:
     return_lse = num_kv_splits != 1
-  args = batch.args()[:-1] + (sink_array(batch),)
+  args = batch.args()[:-1] + (batch.sink_array(),)
   out, lse = jitted(batch.tokens_per_seq, num_kv_splits, return_lse, fill)(*args)
   return np.asarray(out.astype(jnp.float32)), None if lse is None else np.asarray(lse)
 
@@ -153,7 +149,7 @@ def kernel_results(batch, num_kv_splits, fill=True):
         q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq * batch.tokens_per_seq,
         seq * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=batch.tokens_per_seq,
         backend="host", fill_unwritten_nan=fill)
-  return [np.asarray(r) for r in f(*batch.args()[:-1], sink_array(batch))]
+  return [np.asarray(r) for r in f(*batch.args()[:-1], batch.sink_array())]
 
 
 def test_unwritten_partials_are_nan_and_never_reach_the_result():
@@ -250,7 +246,7 @@ def test_handler_rechecks_operands(operand, bad, match):
   rng = np.random.default_rng(31)
   batch = make_batch(rng, num_heads=16, lengths=[3, 4, 5], pool_rows=16)
   seq = np.arange(4, dtype=np.int32)
-  operands = list(batch.args()[:-1]) + [sink_array(batch), seq, seq * 2]
+  operands = list(batch.args()[:-1]) + [batch.sink_array(), seq, seq * 2]
   operands[operand] = batch.q.view(np.int8) if bad is None else bad
   f = jax.jit(lambda *a: split_kernel.split_decode_p.bind(
       *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True))
