@@ -1,9 +1,13 @@
 """The decode on one GPU: the Pallas backend, the XLA reference, a plain jitted XLA version, and
 the GPU's ceilings, over DeepSeek-V4 shapes (issue 8).
 
-Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick]
+Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-quick|big|tiny]
          [--impls pallas,plain,reference] [--configs 64x64w8s2,...] [--steps 30] [--rounds 3]
          [--out benchmarks/results/NAME]
+
+Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
+reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic, mosaic_tma,
+mosaic_idx1, mosaic_bytes).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -326,8 +330,7 @@ def main():
       write_results(a.out, meta, rows)
 
   print_table(rows, impls, variants)
-  if a.out:
-    write_results(a.out, meta, rows)
+  if a.out:  # written after every shape above
     print(f"wrote {a.out}.json and .csv")
 
 
