@@ -27,28 +27,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, ".")
 from jax_mla._src import mosaic_decode as md  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def plgpu():
-  from jax.experimental.pallas import mosaic_gpu  # pylint: disable=import-outside-toplevel
-  return mosaic_gpu
-
-
 def wgmma():
-  return plgpu().Layout.WGMMA
+  return plgpu.Layout.WGMMA
 
 
 def kernel(body, out_shape, out_dtype, scratch=None):
-  return plgpu().kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
                         scratch_types=scratch or {})
 
 
 def scale_row(scales, offset):
   def body(s_ref, off_ref, o_ref):
-    v = plgpu().load(s_ref.at[3, pl.ds(off_ref[0], 64)], (), layout=wgmma().reduce(1),
+    v = plgpu.load(s_ref.at[3, pl.ds(off_ref[0], 64)], (), layout=wgmma().reduce(1),
                      optimized=False)
     o_ref[...] = lax.broadcast_in_dim(v, (64, 64), [0])
   return kernel(body, (64, 64), jnp.float32)(scales, offset)
@@ -61,47 +57,48 @@ def scale_row_expected(scales, offset):
 
 def words(words_in, sliced):
   def body(w_ref, o_ref, smem, bar):
-    plgpu().copy_gmem_to_smem(w_ref, smem, bar)
-    plgpu().barrier_wait(bar)
+    plgpu.copy_gmem_to_smem(w_ref, smem, bar)
+    plgpu.barrier_wait(bar)
     src = smem.at[:, pl.ds(64, 64)] if sliced else smem
-    o_ref[...] = plgpu().load(src, (), layout=wgmma(), optimized=False).astype(jnp.int32) & 0xFFFF
-  scratch = dict(smem=plgpu().SMEM((64, 256), jnp.uint16), bar=plgpu().Barrier(num_arrivals=1))
+    o_ref[...] = plgpu.load(src, (), layout=wgmma(), optimized=False).astype(jnp.int32) & 0xFFFF
+  scratch = dict(smem=plgpu.SMEM((64, 256), jnp.uint16), bar=plgpu.Barrier(num_arrivals=1))
   return kernel(body, (64, 64 if sliced else 256), jnp.int32, scratch)(words_in)
 
 
 def words_rows(pool, rows):
   def body(w_ref, rows_ref, o_ref, smem, bar):
     for j in range(64):
-      plgpu().copy_gmem_to_smem(w_ref.at[pl.ds(rows_ref[j], 1)], smem.at[pl.ds(j, 1)], bar)
-    plgpu().barrier_wait(bar)
-    o_ref[...] = plgpu().load(smem.at[:, pl.ds(64, 64)], (), layout=wgmma(),
+      plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(rows_ref[j], 1)], smem.at[pl.ds(j, 1)], bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = plgpu.load(smem.at[:, pl.ds(64, 64)], (), layout=wgmma(),
                               optimized=False).astype(jnp.int32) & 0xFFFF
-  scratch = dict(smem=plgpu().SMEM((64, 256), jnp.uint16), bar=plgpu().Barrier(num_arrivals=64))
+  scratch = dict(smem=plgpu.SMEM((64, 256), jnp.uint16), bar=plgpu.Barrier(num_arrivals=64))
   return kernel(body, (64, 64), jnp.int32, scratch)(pool, rows)
 
 
 def decode(byte_values):
   def body(b_ref, o_ref, smem, bar):
-    plgpu().copy_gmem_to_smem(b_ref, smem, bar)
-    plgpu().barrier_wait(bar)
-    o_ref[...] = md._decode_e4m3(plgpu().load(smem, (), layout=wgmma(), optimized=False))  # pylint: disable=protected-access
-  scratch = dict(smem=plgpu().SMEM((64, 64), jnp.int32), bar=plgpu().Barrier(num_arrivals=1))
+    plgpu.copy_gmem_to_smem(b_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    raw = plgpu.load(smem, (), layout=wgmma(), optimized=False)
+    o_ref[...] = md._decode_e4m3(raw)  # pylint: disable=protected-access
+  scratch = dict(smem=plgpu.SMEM((64, 64), jnp.int32), bar=plgpu.Barrier(num_arrivals=1))
   return kernel(body, (64, 64), jnp.float32, scratch)(byte_values)
 
 
 def store_slice(values):
-  swizzled = (plgpu().TilingTransform((8, 32)), plgpu().SwizzleTransform(64))
+  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
 
   def body(v_ref, o_ref, smem):
-    zero = plgpu().layout_cast(jnp.zeros((64, 64), jnp.bfloat16), wgmma())
+    zero = plgpu.layout_cast(jnp.zeros((64, 64), jnp.bfloat16), wgmma())
     for c in range(4):
       smem[:, pl.ds(64 * c, 64)] = zero
-    x = plgpu().load(v_ref, (), layout=wgmma(), optimized=False)
+    x = plgpu.load(v_ref, (), layout=wgmma(), optimized=False)
     smem[:, pl.ds(64, 64)] = x.astype(jnp.bfloat16)
-    plgpu().commit_smem()
-    plgpu().copy_smem_to_gmem(smem, o_ref)
-    plgpu().wait_smem_to_gmem(0)
-  scratch = dict(smem=plgpu().SMEM((64, 256), jnp.bfloat16, transforms=swizzled))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  scratch = dict(smem=plgpu.SMEM((64, 256), jnp.bfloat16, transforms=swizzled))
   return kernel(body, (64, 256), jnp.bfloat16, scratch)(values)
 
 
