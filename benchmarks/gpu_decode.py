@@ -6,8 +6,8 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
          [--out benchmarks/results/NAME]
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
-reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic, mosaic_tma,
-mosaic_idx1, mosaic_bytes).
+reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
+mosaic_wgmma).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -141,8 +141,7 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
-MOSAIC_IMPLS = {"mosaic": {}, "mosaic_tma": {"bulk_copies": False},
-                "mosaic_idx1": {"index_group": 1}, "mosaic_bytes": {"fp8_bytes": True}}
+MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"}}
 
 
 def looped(f, steps):

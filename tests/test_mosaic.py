@@ -35,8 +35,7 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 # The kernel's variants (see MosaicConfig). The first is the default.
 CONFIGS = {
     "default": md.MosaicConfig(),
-    "tensor_map_copies": md.MosaicConfig(bulk_copies=False, index_group=1),
-    "fp8_bytes": md.MosaicConfig(fp8_bytes=True),
+    "wgmma_layout": md.MosaicConfig(dequant_layout="wgmma"),
 }
 
 
@@ -72,11 +71,9 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(index_group=0), r"index_group must be in 1\.\.64, got 0"),
-    (dict(index_group=65), r"index_group must be in 1\.\.64, got 65"),
+    (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
-    (dict(profile_steps=4), "profile_dir and profile_steps are set together"),
-    (dict(bulk_copies=False, fp8_bytes=True), "fp8_bytes needs bulk_copies")])
+    (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
 def test_bad_config_values_raise(bad, match):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
   with pytest.raises(ValueError, match=match):

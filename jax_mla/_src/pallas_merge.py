@@ -34,11 +34,10 @@ def merge_partials(parts, part_lse, sink_rows):
   return out.astype(jnp.bfloat16), lse
 
 
-def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads, columns=None):
+def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads):
   """The kernel's results (final, or partials when num_splits > 1, then merged here) as
-  (out bf16 [T, H, 512], lse f32 [T, H]): padding rows dropped, and the output's columns
-  reordered by `columns` when the kernel used another order."""
+  (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped."""
   out, lse = results if num_splits == 1 else merge_partials(*results, sink_rows)
-  out = out[:, :rows] if columns is None else out[:, :rows, columns]
+  out = out[:, :rows]
   return (out.reshape(num_tokens, num_heads, out.shape[-1]),
           lse[:, :rows].reshape(num_tokens, num_heads))
