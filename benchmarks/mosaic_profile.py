@@ -2,7 +2,10 @@
 warpgroup role and named region (waits, dequantize, qk, softmax, pv, issue). Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_profile.py [--batch 64] [--heads 128] [--kv-len 2048]
-                                           [--out results/NAME]
+                                           [--impl mosaic] [--out results/NAME]
+
+--impl names a kernel variant of gpu_decode.MOSAIC_IMPLS. The profiler's records take shared
+memory (16 bytes per region, step and warpgroup): with mosaic_split_qk use --kv-len 1024 or less.
 
 The profiler's own cost (a clock read and a shared-memory store per region boundary) is
 included; compare regions with each other, not with the unprofiled times of gpu_decode.py.
@@ -19,7 +22,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gpu_decode import make_problem  # noqa: E402  pylint: disable=wrong-import-position
+from gpu_decode import MOSAIC_IMPLS, make_problem  # noqa: E402  pylint: disable=wrong-import-position
 from jax_mla._src import kernel_trace  # noqa: E402  pylint: disable=wrong-import-position
 from jax_mla._src import mosaic_decode as md  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -32,6 +35,7 @@ def main():
   ap.add_argument("--heads", type=int, default=128)
   ap.add_argument("--tokens-per-seq", type=int, default=1)
   ap.add_argument("--kv-len", type=int, default=2048)
+  ap.add_argument("--impl", default="mosaic", choices=sorted(MOSAIC_IMPLS))
   ap.add_argument("--out", default="", help="also write the summary as OUT.json and the trace")
   a = ap.parse_args()
   p = make_problem(jax.random.PRNGKey(0), batch=a.batch, heads=a.heads,
@@ -39,7 +43,7 @@ def main():
   trace_dir = tempfile.mkdtemp(prefix="mosaic_trace_")
   # Every step of the longest sequence (one split: the planner may split less at this size).
   steps = -(-a.kv_len // md.BLOCK_KV)
-  config = md.MosaicConfig(profile_dir=trace_dir, profile_steps=steps)
+  config = md.MosaicConfig(profile_dir=trace_dir, profile_steps=steps, **MOSAIC_IMPLS[a.impl])
   decode = jax.jit(lambda p: md.mosaic_decode(
       p["q"], p["q_rope"], p["kv"], p["kv_rope"], p["indptr"], p["indices"].reshape(-1),
       p["sink"], tokens_per_seq=a.tokens_per_seq, num_kv_splits_=1, config=config)[0])
@@ -50,7 +54,7 @@ def main():
   with open(newest) as f:
     trace = json.load(f)
   stats, spans = kernel_trace.summarize(trace, len(ROLES), ROLES)
-  print(f"B={a.batch} H={a.heads} tokens/seq={a.tokens_per_seq} K={a.kv_len}, "
+  print(f"{a.impl}: B={a.batch} H={a.heads} tokens/seq={a.tokens_per_seq} K={a.kv_len}, "
         f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(kernel_trace.format_summary(stats, spans))
   if a.out:

@@ -56,6 +56,16 @@ class MosaicConfig:
   # 8-way on the shared-memory banks (every staged row starts on bank 0); padding the rows to
   # remove that faulted on the GPU (tools/mosaic_probe.py).
   dequant_layout: str = "upcast"
+  # Two experiments for the next GPU run, both off by default: they lower (CI checks it) and
+  # are in the GPU tests' configs, but have never run on a GPU (written 2026-12-02 after the
+  # device time was spent).
+  # pipelined_indices: the producer reads index group g + 1 before it issues group g's copies,
+  # so only the first group's loads wait a global-memory latency per block (instead of all 4).
+  pipelined_indices: bool = False
+  # split_qk: consumer c computes S only for the block's entries 32c .. 32c + 31 (over all 512
+  # dims), the two halves are exchanged through 16 KB of shared memory: QK is computed once
+  # instead of twice.
+  split_qk: bool = False
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -71,9 +81,9 @@ def _plgpu():
 
 
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-            q_smem, k_smem, raw_smem, rope_smem,
-            q_bar, full_bars, free_bars, k_ready_bar, k_free_bar,
-            *, num_splits, num_stages, dequant_layout):
+            q_smem, k_smem, raw_smem, rope_smem, s_smem,
+            q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
+            *, num_splits, num_stages, dequant_layout, pipelined_indices, split_qk):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -104,11 +114,17 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
       with jax.named_scope("issue"):
         # The indices are read INDEX_GROUP at a time before their copies are issued, so the
-        # index loads overlap instead of each waiting behind the previous copies.
-        for first in range(0, BLOCK_KV, INDEX_GROUP):
-          entries = range(first, first + INDEX_GROUP)
-          rows = [idx_ref[base + j] for j in entries]
-          for j, row in zip(entries, rows):
+        # index loads overlap instead of each waiting behind the previous copies; pipelined,
+        # the next group's loads are issued before this group's copies.
+        groups = [range(first, first + INDEX_GROUP) for first in range(0, BLOCK_KV, INDEX_GROUP)]
+        read = lambda entries: [idx_ref[base + j] for j in entries]
+        rows = read(groups[0]) if pipelined_indices else None
+        for g, entries in enumerate(groups):
+          if pipelined_indices:
+            this, rows = rows, (read(groups[g + 1]) if g + 1 < len(groups) else None)
+          else:
+            this = read(entries)
+          for j, row in zip(entries, this):
             copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
             copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
 
@@ -192,13 +208,26 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       with jax.named_scope("k_ready_wait"):
         plgpu.barrier_wait(k_ready_bar)
 
-      def qk(acc_ref):
+      def qk(acc_ref, entries=pl.ds(0, BLOCK_KV)):
         for h in range(2):
-          plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[h].T)
+          plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[h, entries].T)
         return acc_ref[...]
 
-      with jax.named_scope("qk"):
-        s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
+      if split_qk:
+        half_kv = BLOCK_KV // 2
+        mine = pl.ds(wg * half_kv, half_kv)
+        with jax.named_scope("qk"):
+          s_mine = pl.run_scoped(functools.partial(qk, entries=mine),
+                                 plgpu.ACC((BLOCK_ROWS, half_kv), jnp.float32))
+        with jax.named_scope("s_exchange"):
+          # s_smem is free: the other consumer read it before its arrival on k_ready.
+          s_smem[:, mine] = s_mine
+          plgpu.barrier_arrive(s_ready_bar)
+          plgpu.barrier_wait(s_ready_bar)
+          s = plgpu.load(s_smem, (), layout=wgmma_layout, optimized=False)
+      else:
+        with jax.named_scope("qk"):
+          s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
       with jax.named_scope("softmax"):
         col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_ROWS, BLOCK_KV), 1, layout=wgmma_layout)
         s = jnp.where(col + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
@@ -247,8 +276,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         lse_ref[seq, split, pl.ds(row0, BLOCK_ROWS)] = lse2 * LN2
 
 
-# Named regions a warpgroup enters per step (the consumers' seven).
-_REGIONS_PER_STEP = 7
+# Named regions a warpgroup enters per step (the consumers' seven, eight with split_qk).
+_REGIONS_PER_STEP = 8
 
 
 def _profiler_params(config):
@@ -307,9 +336,14 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       k_ready_bar=plgpu.Barrier(num_arrivals=2),
       k_free_bar=plgpu.Barrier(num_arrivals=2),
+      # split_qk: S [64, 64], each consumer's 32 columns, and their exchange.
+      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV) if config.split_qk else (8, 8), jnp.float32),
+      s_ready_bar=plgpu.Barrier(num_arrivals=2),
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
-                             dequant_layout=config.dequant_layout)
+                             dequant_layout=config.dequant_layout,
+                             pipelined_indices=config.pipelined_indices,
+                             split_qk=config.split_qk)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
