@@ -7,7 +7,7 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
-mosaic_wgmma, mosaic_pipelined, mosaic_split_qk).
+mosaic_wgmma, mosaic_pipelined, mosaic_split_qk, mosaic_warps, mosaic_all).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -142,7 +142,9 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
-                "mosaic_pipelined": {"pipelined_indices": True}, "mosaic_split_qk": {"split_qk": True}}
+                "mosaic_pipelined": {"pipelined_indices": True}, "mosaic_split_qk": {"split_qk": True},
+                "mosaic_warps": {"producer_warps": True},
+                "mosaic_all": {"pipelined_indices": True, "split_qk": True, "producer_warps": True}}
 
 
 def looped(f, steps):

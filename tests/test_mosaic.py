@@ -39,6 +39,9 @@ CONFIGS = {
     # Never run on a GPU yet (see MosaicConfig).
     "pipelined_indices": md.MosaicConfig(pipelined_indices=True),
     "split_qk": md.MosaicConfig(split_qk=True),
+    "producer_warps": md.MosaicConfig(producer_warps=True),
+    "all_experiments": md.MosaicConfig(pipelined_indices=True, split_qk=True,
+                                       producer_warps=True),
 }
 
 

@@ -22,6 +22,7 @@ Lengths and indices are device values: one executable serves every set of length
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -66,6 +67,10 @@ class MosaicConfig:
   # dims), the two halves are exchanged through 16 KB of shared memory: QK is computed once
   # instead of twice.
   split_qk: bool = False
+  # producer_warps: each of the producer's four warps issues the copies of 16 of a block's 64
+  # entries (Mosaic issues a copy from one elected thread: one warpgroup issues all 128 one
+  # after another). Its regions are not profiled.
+  producer_warps: bool = False
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -83,7 +88,8 @@ def _plgpu():
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem, s_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
-            *, num_splits, num_stages, dequant_layout, pipelined_indices, split_qk):
+            *, num_splits, num_stages, dequant_layout, pipelined_indices, split_qk,
+            producer_warps):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -96,9 +102,10 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
 
-  @pl.when(wg == 2)
-  def _producer():
-    plgpu.set_max_registers(56, action="decrease")
+  def fill_blocks(first_entry, num_entries, profile):
+    """Stage entries first_entry .. + num_entries - 1 of every block of this split (the whole
+    block for the producer warpgroup, a quarter for one of its warps)."""
+    scope = jax.named_scope if profile else lambda _: contextlib.nullcontext()
 
     @pl.loop(0, steps)
     def _fill(step):
@@ -106,17 +113,18 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
       @pl.when(step >= num_stages)
       def _wait_free():
-        with jax.named_scope("free_wait"):
+        with scope("free_wait"):
           plgpu.barrier_wait(free_bars.at[slot])
 
-      base = start + (chunk_lo + step) * BLOCK_KV
+      base = start + (chunk_lo + step) * BLOCK_KV + first_entry
       copy = functools.partial(plgpu.copy_gmem_to_smem, barrier=full_bars.at[slot],
                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      with jax.named_scope("issue"):
+      with scope("issue"):
         # The indices are read INDEX_GROUP at a time before their copies are issued, so the
         # index loads overlap instead of each waiting behind the previous copies; pipelined,
         # the next group's loads are issued before this group's copies.
-        groups = [range(first, first + INDEX_GROUP) for first in range(0, BLOCK_KV, INDEX_GROUP)]
+        groups = [range(g, min(g + INDEX_GROUP, num_entries))
+                  for g in range(0, num_entries, INDEX_GROUP)]
         read = lambda entries: [idx_ref[base + j] for j in entries]
         rows = read(groups[0]) if pipelined_indices else None
         for g, entries in enumerate(groups):
@@ -125,8 +133,22 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
           else:
             this = read(entries)
           for j, row in zip(entries, this):
-            copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, pl.ds(j, 1)])
-            copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, pl.ds(j, 1)])
+            entry = pl.ds(first_entry + j, 1)
+            copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, entry])
+            copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, entry])
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(56, action="decrease")
+    if producer_warps:
+      # Each of the four warps issues a quarter of every block's copies: Mosaic issues a copy
+      # from one elected thread, so one warpgroup issues them one after another.
+      @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+      def _per_warp():
+        quarter = BLOCK_KV // 4
+        fill_blocks(lax.axis_index("warp") * quarter, quarter, profile=False)
+    else:
+      fill_blocks(0, BLOCK_KV, profile=True)
 
   @pl.when(wg < 2)
   def _consumer():
@@ -343,7 +365,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              dequant_layout=config.dequant_layout,
                              pipelined_indices=config.pipelined_indices,
-                             split_qk=config.split_qk)
+                             split_qk=config.split_qk, producer_warps=config.producer_warps)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
