@@ -12,8 +12,9 @@ One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
 - the two consumers (warpgroups 0 and 1) each dequantize half of the block's 512 columns
   (consumer 0: tiles 0-3; consumer 1: tiles 4-6 and the RoPE) into one shared bf16 tile, with
   the hardware fp8 conversion, then both compute S = Q K^T over all 512 dims (computed twice,
-  which keeps the softmax local to each warpgroup), the online softmax with the sink, and their
-  half of O += P V (V is the same tile). The accumulator O [64, 256] f32 stays in registers.
+  which keeps the softmax local to each warpgroup; `MosaicConfig.split_qk` splits it), the
+  online softmax with the sink, and their half of O += P V (V is the same tile). The
+  accumulator O [64, 256] f32 stays in registers.
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
 writes softmax-normalized f32 partials and their lse, merged by `pallas_merge.merge_partials`.
@@ -43,7 +44,7 @@ HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
 TILE = layout.TILE
 # The K tile's swizzle tile is 8 x 32 bf16 (64-byte swizzle).
 SWIZZLE_COLS = 32
-INDEX_GROUP = 16
+INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +58,9 @@ class MosaicConfig:
   # 8-way on the shared-memory banks (every staged row starts on bank 0); padding the rows to
   # remove that faulted on the GPU (tools/mosaic_probe.py).
   dequant_layout: str = "upcast"
-  # Two experiments for the next GPU run, both off by default: they lower (CI checks it) and
-  # are in the GPU tests' configs, but have never run on a GPU (written 2026-12-02 after the
-  # device time was spent).
+  # Three experiments for the next GPU run, off by default: they lower (CI checks it) and are
+  # in the GPU tests' configs, but have never run on a GPU (written 2026-12-02 after the device
+  # time was spent).
   # pipelined_indices: the producer reads index group g + 1 before it issues group g's copies,
   # so only the first group's loads wait a global-memory latency per block (instead of all 4).
   pipelined_indices: bool = False
