@@ -4,7 +4,8 @@ warpgroup role and named region (waits, dequantize, qk, softmax, pv, issue). Nee
 Usage: python benchmarks/mosaic_profile.py [--batch 64] [--heads 128] [--kv-len 2048]
                                            [--impl mosaic] [--out results/NAME]
 
---impl names a kernel variant of gpu_decode.MOSAIC_IMPLS. The profiler's records take shared
+--impl names a kernel variant of gpu_decode.MOSAIC_IMPLS. Keep --out files under
+benchmarks/results/profiles/ (benchmarks/results/*.json are timing tables, one schema). The profiler's records take shared
 memory (16 bytes per region, step and warpgroup): with mosaic_split_qk use --kv-len 1024 or less.
 
 The profiler's own cost (a clock read and a shared-memory store per region boundary) is
