@@ -7,6 +7,8 @@ shape family the tests use.
 """
 
 import functools
+import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -172,3 +174,22 @@ def test_empty_rows_and_per_head_sinks():
     assert not out[t].any()
     np.testing.assert_array_equal(lse[t], sink)
   check_against_oracle(batch, out, lse)
+
+
+def _probe_tool():
+  path = Path(__file__).resolve().parents[1] / "tools" / "mosaic_probe.py"
+  spec = importlib.util.spec_from_file_location("mosaic_probe", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+PROBES = _probe_tool()
+
+
+@pytest.mark.parametrize("name", list(PROBES.cases()))
+def test_probe_tool_lowers_for_cuda(name, capsys):
+  """tools/mosaic_probe.py runs its probes on a GPU; here each one is lowered, so the tool
+  keeps working between device runs."""
+  PROBES.probe(name, lower_only=True)
+  assert capsys.readouterr().out.strip() == f"{name} lowers"

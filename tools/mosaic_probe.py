@@ -28,6 +28,7 @@ copies faults, while either alone works. Unexplained.
 """
 
 import argparse
+import functools
 import subprocess
 import sys
 
@@ -48,52 +49,35 @@ def kernel(body, out_shape, out_dtype, scratch=None):
                       scratch_types=scratch or {})
 
 
-def staged_piece(rows, pitch, first, to_float=True):
-  """Bulk-copy each [1, width] row into an SMEM row of `pitch`, load [:, first:first + 32]
-  (as floats, or the integers as they are)."""
+def staged(rows, pitch, *, by_rows, first=None, layout=UPCAST, to_float=False):
+  """Stage `rows` [64, width] in an SMEM buffer [64, pitch]: one bulk copy per row (by_rows) or
+  one for the whole array (width == pitch). Then read back either the piece [:, first:first +
+  32], loaded in `layout` (fp8 converted to f32 if to_float, else the values as f32), or, with
+  first None, the whole buffer by a TMA."""
   width = rows.shape[1]
+  piece = first is not None
 
   def body(r_ref, o_ref, smem, bar):
-    for j in range(64):
-      plgpu.copy_gmem_to_smem(r_ref.at[pl.ds(j, 1)], smem.at[pl.ds(j, 1), pl.ds(0, width)], bar,
-                              oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+    copy = functools.partial(plgpu.copy_gmem_to_smem, barrier=bar,
+                             oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+    if by_rows:
+      for j in range(64):
+        copy(r_ref.at[pl.ds(j, 1)], smem.at[pl.ds(j, 1), pl.ds(0, width)])
+    else:
+      copy(r_ref, smem)
     plgpu.barrier_wait(bar)
-    x = plgpu.load(smem.at[:, pl.ds(first, PIECE)], (), layout=UPCAST, optimized=False)
-    if x.dtype == jnp.uint8 and to_float:
-      x = lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
-    o_ref[...] = x.astype(jnp.float32)
-  scratch = dict(smem=plgpu.SMEM((64, pitch), rows.dtype), bar=plgpu.Barrier(num_arrivals=64))
-  return kernel(body, (64, PIECE), jnp.float32, scratch)(rows)
-
-
-def filled_piece(rows, pitch, first, layout, to_float=False):
-  """One bulk copy of a whole [64, pitch] array into SMEM, load [:, first:first + 32] (as fp8
-  converted to f32, or as integers)."""
-  def body(r_ref, o_ref, smem, bar):
-    plgpu.copy_gmem_to_smem(r_ref, smem, bar, oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-    plgpu.barrier_wait(bar)
+    if not piece:
+      plgpu.copy_smem_to_gmem(smem, o_ref)
+      plgpu.wait_smem_to_gmem(0)
+      return
     x = plgpu.load(smem.at[:, pl.ds(first, PIECE)], (), layout=layout, optimized=False)
     if to_float:
-      o_ref[...] = lax.bitcast_convert_type(x, jnp.float8_e4m3fn).astype(jnp.float32)
-    else:
-      o_ref[...] = x.astype(jnp.float32)
-  scratch = dict(smem=plgpu.SMEM((64, pitch), rows.dtype), bar=plgpu.Barrier(num_arrivals=1))
-  return kernel(body, (64, PIECE), jnp.float32, scratch)(rows)
-
-
-def copied_rows(rows, pitch):
-  """64 bulk row copies into SMEM rows of `pitch`, then the [64, pitch] buffer copied out."""
-  width = rows.shape[1]
-
-  def body(r_ref, o_ref, smem, bar):
-    for j in range(64):
-      plgpu.copy_gmem_to_smem(r_ref.at[pl.ds(j, 1)], smem.at[pl.ds(j, 1), pl.ds(0, width)], bar,
-                              oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-    plgpu.barrier_wait(bar)
-    plgpu.copy_smem_to_gmem(smem, o_ref)
-    plgpu.wait_smem_to_gmem(0)
-  scratch = dict(smem=plgpu.SMEM((64, pitch), rows.dtype), bar=plgpu.Barrier(num_arrivals=64))
-  return kernel(body, (64, pitch), rows.dtype, scratch)(rows)
+      x = lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
+    o_ref[...] = x.astype(jnp.float32)
+  scratch = dict(smem=plgpu.SMEM((64, pitch), rows.dtype),
+                 bar=plgpu.Barrier(num_arrivals=64 if by_rows else 1))
+  out = (64, PIECE) if piece else (64, pitch)
+  return kernel(body, out, jnp.float32 if piece else rows.dtype, scratch)(rows)
 
 
 def idx_tma_only(indices, offset):
@@ -157,21 +141,24 @@ def cases():
   copied = np.zeros((64, PITCH), np.uint8)
   copied[:, :512] = packed
   return {
-      "copied_rows": (lambda: copied_rows(packed, PITCH)[:, :512], packed),
-      "wgmma_padded": (lambda: filled_piece(padded, PITCH, 96, wgmma), padded[:, 96:128]),
-      "upcast_padded": (lambda: filled_piece(padded, PITCH, 96, UPCAST),
+      "copied_rows": (lambda: staged(packed, PITCH, by_rows=True)[:, :512], packed),
+      "wgmma_padded": (lambda: staged(padded, PITCH, by_rows=False, first=96, layout=wgmma),
+                       padded[:, 96:128]),
+      "upcast_padded": (lambda: staged(padded, PITCH, by_rows=False, first=96),
                         padded[:, 96:128]),
-      "upcast_unpadded": (lambda: filled_piece(packed, 512, 96, UPCAST), packed[:, 96:128]),
-      "upcast_fp8_filled": (lambda: filled_piece(packed_pitch, PITCH, 96, UPCAST, True),
-                            fp8(packed_pitch[:, 96:128])),
-      "wgmma_fp8_filled": (lambda: filled_piece(packed_pitch, PITCH, 96, wgmma, True),
+      "upcast_unpadded": (lambda: staged(packed, 512, by_rows=False, first=96),
+                          packed[:, 96:128]),
+      "upcast_fp8_filled": (lambda: staged(packed_pitch, PITCH, by_rows=False, first=96,
+                                           to_float=True), fp8(packed_pitch[:, 96:128])),
+      "wgmma_fp8_filled": (lambda: staged(packed_pitch, PITCH, by_rows=False, first=96,
+                                          layout=wgmma, to_float=True),
                            fp8(packed_pitch[:, 96:128])),
-      "upcast_rows_int": (lambda: staged_piece(packed, PITCH, 96, False),
+      "upcast_rows_int": (lambda: staged(packed, PITCH, by_rows=True, first=96),
                           packed[:, 96:128]),
       "idx_tma_only": (lambda: idx_tma_only(indices, offset), indices[37:101]),
-      "fp8_piece": (lambda: staged_piece(packed, PITCH, 64 + PIECE),
+      "fp8_piece": (lambda: staged(packed, PITCH, by_rows=True, first=96, to_float=True),
                     fp8(packed[:, 96:128])),
-      "rope_piece": (lambda: staged_piece(rope, 96, PIECE),
+      "rope_piece": (lambda: staged(rope, 96, by_rows=True, first=PIECE),
                      np.asarray(rope[:, 32:64], np.float32)),
       "row_bcast": (lambda: row_bcast(v), np.broadcast_to(v[:, None], (64, PIECE))),
       "store_piece": (lambda: store_piece(piece), want_store),
