@@ -231,9 +231,11 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
       with jax.named_scope("k_ready_wait"):
         plgpu.barrier_wait(k_ready_bar)
 
-      def qk(acc_ref, entries=pl.ds(0, BLOCK_KV)):
+      def qk(acc_ref, entries=None):
+        """S (or, with split_qk, its columns `entries`) over all 512 dims."""
         for h in range(2):
-          plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[h, entries].T)
+          k = k_smem.at[h] if entries is None else k_smem.at[h, entries]
+          plgpu.wgmma(acc_ref, q_smem.at[h], k.T)
         return acc_ref[...]
 
       if split_qk:
