@@ -60,7 +60,8 @@ class MosaicConfig:
   dequant_layout: str = "upcast"
   # Three experiments for the next GPU run, off by default: they lower (CI checks it) and are
   # in the GPU tests' configs, but have never run on a GPU (written 2026-12-02 after the device
-  # time was spent).
+  # time was spent; the first two ran in Mosaic GPU's interpreter on the CPU,
+  # benchmarks/NOTES-pallas.md).
   # pipelined_indices: the producer reads index group g + 1 before it issues group g's copies,
   # so only the first group's loads wait a global-memory latency per block (instead of all 4).
   pipelined_indices: bool = False
