@@ -45,6 +45,8 @@ TILE = layout.TILE
 # The K tile's swizzle tile is 8 x 32 bf16 (64-byte swizzle).
 SWIZZLE_COLS = 32
 INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
+# MosaicConfig.dequant_layout -> the plgpu.Layout the dequantization loads the staged rows in.
+DEQUANT_LAYOUTS = {"wgmma": "WGMMA", "upcast": "WGMMA_UPCAST_4X"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +165,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
     row_layout = wgmma_layout.reduce(1)
     # The dequantization's register layout (MosaicConfig.dequant_layout); its rows are those of
     # the WGMMA layout, so row vectors broadcast into it.
-    tile_layout = {"wgmma": wgmma_layout,
-                   "upcast": plgpu.Layout.WGMMA_UPCAST_4X}[dequant_layout]
+    tile_layout = getattr(plgpu.Layout, DEQUANT_LAYOUTS[dequant_layout])
 
     def body(step, carry):
       acc, m_i, l_i = carry
@@ -323,9 +324,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
   plgpu = _plgpu()
   config = config or MosaicConfig()
-  if config.dequant_layout not in ("wgmma", "upcast"):
-    raise ValueError("MosaicConfig.dequant_layout must be 'wgmma' or 'upcast', got "
-                     f"{config.dequant_layout!r}")
+  if config.dequant_layout not in DEQUANT_LAYOUTS:
+    raise ValueError("MosaicConfig.dequant_layout must be "
+                     f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
+                     f"got {config.dequant_layout!r}")
   compiler_params = _profiler_params(config)
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
