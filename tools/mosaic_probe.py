@@ -80,16 +80,6 @@ def staged(rows, pitch, *, by_rows, first=None, layout=UPCAST, to_float=False):
   return kernel(body, out, jnp.float32 if piece else rows.dtype, scratch)(rows)
 
 
-def idx_tma_only(indices, offset):
-  def body(i_ref, off_ref, o_ref, smem, bar):
-    plgpu.copy_gmem_to_smem(i_ref.at[pl.ds(off_ref[0], 64)], smem.at[1], bar)
-    plgpu.barrier_wait(bar)
-    plgpu.copy_smem_to_gmem(smem.at[1], o_ref)
-    plgpu.wait_smem_to_gmem(0)
-  scratch = dict(smem=plgpu.SMEM((2, 64), jnp.int32), bar=plgpu.Barrier(num_arrivals=1))
-  return kernel(body, (64,), jnp.int32, scratch)(indices, offset)
-
-
 def row_bcast(v):
   def body(v_ref, o_ref):
     row = plgpu.load(v_ref, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
@@ -113,12 +103,18 @@ def store_piece(values):
   return kernel(body, (64, 256), jnp.bfloat16, scratch)(values)
 
 
-def idx_tma(indices, offset):
+def idx_tma(indices, offset, scalar_reads):
+  """A TMA of indices[offset:offset + 64] into slot 1 of a [2, 64] SMEM buffer, read back as
+  64 scalars (scalar_reads) or copied out by a TMA."""
   def body(i_ref, off_ref, o_ref, smem, bar):
     plgpu.copy_gmem_to_smem(i_ref.at[pl.ds(off_ref[0], 64)], smem.at[1], bar)
     plgpu.barrier_wait(bar)
-    for j in range(64):
-      o_ref[j] = smem[1, j]
+    if scalar_reads:
+      for j in range(64):
+        o_ref[j] = smem[1, j]
+    else:
+      plgpu.copy_smem_to_gmem(smem.at[1], o_ref)
+      plgpu.wait_smem_to_gmem(0)
   scratch = dict(smem=plgpu.SMEM((2, 64), jnp.int32), bar=plgpu.Barrier(num_arrivals=1))
   return kernel(body, (64,), jnp.int32, scratch)(indices, offset)
 
@@ -138,8 +134,6 @@ def cases():
   padded = rng.integers(0, 256, (64, PITCH)).astype(np.uint8)
   packed_pitch = np.concatenate([packed, packed[:, :PITCH - 512]], axis=1)
   wgmma = plgpu.Layout.WGMMA
-  copied = np.zeros((64, PITCH), np.uint8)
-  copied[:, :512] = packed
   return {
       "copied_rows": (lambda: staged(packed, PITCH, by_rows=True)[:, :512], packed),
       "wgmma_padded": (lambda: staged(padded, PITCH, by_rows=False, first=96, layout=wgmma),
@@ -155,14 +149,14 @@ def cases():
                            fp8(packed_pitch[:, 96:128])),
       "upcast_rows_int": (lambda: staged(packed, PITCH, by_rows=True, first=96),
                           packed[:, 96:128]),
-      "idx_tma_only": (lambda: idx_tma_only(indices, offset), indices[37:101]),
+      "idx_tma_only": (lambda: idx_tma(indices, offset, False), indices[37:101]),
       "fp8_piece": (lambda: staged(packed, PITCH, by_rows=True, first=96, to_float=True),
                     fp8(packed[:, 96:128])),
       "rope_piece": (lambda: staged(rope, 96, by_rows=True, first=PIECE),
                      np.asarray(rope[:, 32:64], np.float32)),
       "row_bcast": (lambda: row_bcast(v), np.broadcast_to(v[:, None], (64, PIECE))),
       "store_piece": (lambda: store_piece(piece), want_store),
-      "idx_tma": (lambda: idx_tma(indices, offset), indices[37:101]),
+      "idx_tma": (lambda: idx_tma(indices, offset, True), indices[37:101]),
   }
 
 
