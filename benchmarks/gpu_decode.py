@@ -7,7 +7,7 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
-mosaic_wgmma, mosaic_pipelined, mosaic_split_qk, mosaic_warps, mosaic_all, mosaic_latency;
+mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_latency;
 benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
@@ -143,10 +143,9 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
-                "mosaic_pipelined": {"pipelined_indices": True}, "mosaic_split_qk": {"split_qk": True},
-                "mosaic_warps": {"producer_warps": True},
-                "mosaic_all": {"pipelined_indices": True, "split_qk": True, "producer_warps": True},
-                # More, shorter KV splits: for small batches, where a split's steps run in series.
+                "mosaic_duplicated_qk": {"split_qk": False},
+                "mosaic_one_thread": {"producer_warps": False},
+                "mosaic_exact": {"approx_math": False},
                 "mosaic_latency": {"min_split_entries": 64}}
 
 

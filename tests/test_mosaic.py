@@ -38,12 +38,9 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 CONFIGS = {
     "default": md.MosaicConfig(),
     "wgmma_layout": md.MosaicConfig(dequant_layout="wgmma"),
-    # Never run on a GPU yet (see MosaicConfig).
-    "pipelined_indices": md.MosaicConfig(pipelined_indices=True),
-    "split_qk": md.MosaicConfig(split_qk=True),
-    "producer_warps": md.MosaicConfig(producer_warps=True),
-    "all_experiments": md.MosaicConfig(pipelined_indices=True, split_qk=True,
-                                       producer_warps=True),
+    "duplicated_qk": md.MosaicConfig(split_qk=False),
+    "one_issuing_thread": md.MosaicConfig(producer_warps=False),
+    "exact_math": md.MosaicConfig(approx_math=False),
 }
 
 

@@ -5,16 +5,16 @@ passes the oracle tests on an H200; benchmarks/NOTES-pallas.md has its speed.
 
 One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
 
-- the producer (warpgroup 2) reads the KV indices of the next block of 64 entries (16 at a
-  time) and copies each gathered row into shared memory with two bulk copies: its 512 packed
-  bytes (fp8 values, tile scales, padding never used) and its 64 bf16 RoPE values. Two stages:
-  block i + 1 is copied while block i is computed.
+- the producer (warpgroup 2) reads the KV indices of the next block of 64 entries (each of its
+  four warps 16 of them) and copies each gathered row into shared memory with two bulk copies:
+  its 512 packed bytes (fp8 values, tile scales, padding never used) and its 64 bf16 RoPE
+  values. Two stages: block i + 1 is copied while block i is computed.
 - the two consumers (warpgroups 0 and 1) each dequantize half of the block's 512 columns
   (consumer 0: tiles 0-3; consumer 1: tiles 4-6 and the RoPE) into one shared bf16 tile, with
-  the hardware fp8 conversion, then both compute S = Q K^T over all 512 dims (computed twice,
-  which keeps the softmax local to each warpgroup; `MosaicConfig.split_qk` splits it), the
-  online softmax with the sink, and their half of O += P V (V is the same tile). The
-  accumulator O [64, 256] f32 stays in registers.
+  the hardware fp8 conversion; each computes S = Q K^T over all 512 dims for 32 of the 64
+  entries and they exchange the halves through shared memory; then each runs the online
+  softmax with the sink and its half of O += P V (V is the same tile). The accumulator
+  O [64, 256] f32 stays in registers.
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
 writes softmax-normalized f32 partials and their lse, merged by `pallas_merge.merge_partials`.
@@ -60,21 +60,19 @@ class MosaicConfig:
   # 8-way on the shared-memory banks (every staged row starts on bank 0); padding the rows to
   # remove that faulted on the GPU (tools/mosaic_probe.py).
   dequant_layout: str = "upcast"
-  # Three experiments for the next GPU run, off by default: they lower (CI checks it) and are
-  # in the GPU tests' configs, but have never run on a GPU (written 2026-12-02 after the device
-  # time was spent; the first two ran in Mosaic GPU's interpreter on the CPU,
-  # benchmarks/NOTES-pallas.md).
-  # pipelined_indices: the producer reads index group g + 1 before it issues group g's copies,
-  # so only the first group's loads wait a global-memory latency per block (instead of all 4).
-  pipelined_indices: bool = False
   # split_qk: consumer c computes S only for the block's entries 32c .. 32c + 31 (over all 512
-  # dims), the two halves are exchanged through 16 KB of shared memory: QK is computed once
-  # instead of twice.
-  split_qk: bool = False
+  # dims) and the two halves are exchanged through 16 KB of shared memory, so QK is computed
+  # once instead of twice. False computes all of S in both consumers.
+  split_qk: bool = True
   # producer_warps: each of the producer's four warps issues the copies of 16 of a block's 64
   # entries (Mosaic issues a copy from one elected thread: one warpgroup issues all 128 one
-  # after another). Its regions are not profiled.
-  producer_warps: bool = False
+  # after another). Its regions are not profiled. On the H200 (2026-12-02, B 128, K 2048)
+  # both on: 434 us, split_qk alone 461, producer_warps alone 443, neither 467.
+  producer_warps: bool = True
+  # approx_math: the softmax's exp2 and the lse's log2 use the hardware approximations
+  # (ex2.approx, lg2.approx: relative error about 2^-22, far below bf16's). 3% faster on the
+  # H200 (2026-12-02, B 128, K 2048: 419 us against 433, the same build otherwise).
+  approx_math: bool = True
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -92,8 +90,7 @@ def _plgpu():
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem, s_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
-            *, num_splits, num_stages, dequant_layout, pipelined_indices, split_qk,
-            producer_warps):
+            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -125,17 +122,11 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
       with scope("issue"):
         # The indices are read INDEX_GROUP at a time before their copies are issued, so the
-        # index loads overlap instead of each waiting behind the previous copies; pipelined,
-        # the next group's loads are issued before this group's copies.
-        groups = [range(g, min(g + INDEX_GROUP, num_entries))
-                  for g in range(0, num_entries, INDEX_GROUP)]
-        read = lambda entries: [idx_ref[base + j] for j in entries]
-        rows = read(groups[0]) if pipelined_indices else None
-        for g, entries in enumerate(groups):
-          if pipelined_indices:
-            this, rows = rows, (read(groups[g + 1]) if g + 1 < len(groups) else None)
-          else:
-            this = read(entries)
+        # index loads overlap instead of each waiting behind the previous copies. (Reading the
+        # next group before issuing this one's copies measured slower on the H200.)
+        for g in range(0, num_entries, INDEX_GROUP):
+          entries = range(g, min(g + INDEX_GROUP, num_entries))
+          this = [idx_ref[base + j] for j in entries]
           for j, row in zip(entries, this):
             entry = pl.ds(first_entry + j, 1)
             copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, entry])
@@ -207,10 +198,17 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         k_smem[1, :, pl.ds(HALF - layout.ROPE_DIM, layout.ROPE_DIM)] = jnp.where(
             valid, rope, jnp.zeros_like(rope))
 
-      @pl.when(step > 0)
-      def _wait_k_free():  # both consumers are done with the previous tile
-        with jax.named_scope("k_free_wait"):
-          plgpu.barrier_wait(k_free_bar)
+      # Before a consumer overwrites its half of the K tile, the other must be done reading it
+      # (its QK) and so must it (its QK and PV: waited in order). With split_qk the S exchange
+      # already follows the other's QK, so only the duplicated QK needs this barrier. (Keeping
+      # it with split_qk measured 3-5% slower on the H200, 2026-12-02.)
+      k_free_sync = not split_qk
+
+      if k_free_sync:
+        @pl.when(step > 0)
+        def _wait_k_free():
+          with jax.named_scope("k_free_wait"):
+            plgpu.barrier_wait(k_free_bar)
 
       @pl.when(wg == 0)
       @jax.named_scope("dequantize")
@@ -234,7 +232,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         plgpu.barrier_wait(k_ready_bar)
 
       def qk(acc_ref, entries=None):
-        """S (or, with split_qk, its columns `entries`) over all 512 dims."""
+        """S (or, with split_qk, its columns `entries`) over all 512 dims. (Splitting the dims
+        over 2 or 4 independent accumulators measured 3-12% slower on the H200.)"""
         for h in range(2):
           k = k_smem.at[h] if entries is None else k_smem.at[h, entries]
           plgpu.wgmma(acc_ref, q_smem.at[h], k.T)
@@ -269,7 +268,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
       with jax.named_scope("pv"):
         acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-      plgpu.barrier_arrive(k_free_bar)
+      if k_free_sync:
+        plgpu.barrier_arrive(k_free_bar)
       return acc, m_new, l_i
 
     acc = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout)
@@ -307,15 +307,17 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 _REGIONS_PER_STEP = 8
 
 
-def _profiler_params(config):
-  """Mosaic GPU compiler parameters: room for the profiler's records when profiling is on."""
+def _compiler_params(config):
+  """Mosaic GPU compiler parameters: approximate math, and room for the profiler's records
+  when profiling is on."""
   if bool(config.profile_dir) != bool(config.profile_steps):
     raise ValueError("MosaicConfig.profile_dir and profile_steps are set together or not at all")
-  if not config.profile_dir:
-    return None
-  # profile_space counts regions per warpgroup; a few more for the regions outside the loop.
-  return _plgpu().CompilerParams(profile_space=_REGIONS_PER_STEP * config.profile_steps + 4,
-                                 profile_dir=config.profile_dir)
+  profile = {}
+  if config.profile_dir:
+    # profile_space counts regions per warpgroup; a few more for the regions outside the loop.
+    profile = dict(profile_space=_REGIONS_PER_STEP * config.profile_steps + 4,
+                   profile_dir=config.profile_dir)
+  return _plgpu().CompilerParams(approx_math=config.approx_math, **profile)
 
 
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
@@ -328,7 +330,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     raise ValueError("MosaicConfig.dequant_layout must be "
                      f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
                      f"got {config.dequant_layout!r}")
-  compiler_params = _profiler_params(config)
+  compiler_params = _compiler_params(config)
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
@@ -370,7 +372,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              dequant_layout=config.dequant_layout,
-                             pipelined_indices=config.pipelined_indices,
                              split_qk=config.split_qk, producer_warps=config.producer_warps)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
