@@ -53,9 +53,10 @@ DEQUANT_LAYOUTS = {"wgmma": "WGMMA", "upcast": "WGMMA_UPCAST_4X"}
 class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   num_stages: int = 2
-  # The shortest split the planner makes where batches are small (at B >= 64 the grid is full
-  # without splits and this changes nothing). 64 against 256 on the H200 (2026-12-02, 128 heads,
-  # B 1): 34.6 against 52.4 us at K 2048, 27.9 against 44.2 at K 512.
+  # The shortest split the planner makes to fill the GPU when there are few (sequence, row
+  # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
+  # 52.4 us at K 2048, 27.9 against 44.2 at K 512; but 85 against 70 at 64 heads, B 64, K 512
+  # (3 splits, two waves of CTAs, instead of 2: benchmarks/NOTES-pallas.md).
   min_split_entries: int = 64
   # The register layout the dequantization loads the staged rows in: "upcast"
   # (WGMMA_UPCAST_4X: 8 consecutive columns per thread, 8-byte loads, 16-byte stores) or "wgmma"
