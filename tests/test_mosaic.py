@@ -41,6 +41,7 @@ CONFIGS = {
     "duplicated_qk": md.MosaicConfig(split_qk=False),
     "one_issuing_thread": md.MosaicConfig(producer_warps=False),
     "exact_math": md.MosaicConfig(approx_math=False),
+    "waves_split_rule": md.MosaicConfig(split_rule="waves"),  # not yet run on a GPU
 }
 
 
@@ -77,6 +78,7 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
 
 @pytest.mark.parametrize("bad,match", [
     (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
+    (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
 def test_bad_config_values_raise(bad, match):

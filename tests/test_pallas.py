@@ -184,6 +184,23 @@ def test_split_plan_is_static_and_bounded():
   assert pallas_plan.num_kv_splits(1, 1, 0, 64) == 1
 
 
+def test_waves_split_rule_avoids_a_part_empty_second_wave(monkeypatch):
+  from jax_mla._src import pallas_plan  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(pallas_plan, "num_sms", lambda: 132)
+  plan = lambda seqs, blocks, length, rule: pallas_plan.num_kv_splits(
+      seqs, blocks, seqs * length, 64, min_entries=64, rule=rule)
+  # 64 programs: 3 splits are 192 CTAs, two waves of 3 blocks; 2 are one wave of 4.
+  assert (plan(64, 1, 512, "fill"), plan(64, 1, 512, "waves")) == (3, 2)
+  # 128 programs: 2 splits are two waves of 16 blocks, 1 is one wave of 32: the same path.
+  assert (plan(64, 2, 2048, "fill"), plan(64, 2, 2048, "waves")) == (2, 1)
+  # Few programs: both split as far as the rows allow (32 splits of one block).
+  assert plan(1, 2, 2048, "fill") == plan(1, 2, 2048, "waves") == 32
+  # 16 programs: "fill" makes 9 splits of 4 blocks (32 / 9 rounded up); 8 of 4 is as short.
+  assert (plan(8, 2, 2048, "fill"), plan(8, 2, 2048, "waves")) == (9, 8)
+  with pytest.raises(ValueError, match="split rule must be one of"):
+    plan(1, 1, 512, "even")
+
+
 @pytest.mark.parametrize("platform", ["rocm", "cuda"])
 def test_triton_lowering_exports_from_the_cpu(platform):
   """The kernel lowers for ROCm (and CUDA) without a GPU: `jax.export` to that platform gives one

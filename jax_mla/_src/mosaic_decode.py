@@ -58,6 +58,11 @@ class MosaicConfig:
   # 52.4 us at K 2048, 27.9 against 44.2 at K 512; but 85 against 70 at 64 heads, B 64, K 512
   # (3 splits, two waves of CTAs, instead of 2: benchmarks/NOTES-pallas.md).
   min_split_entries: int = 64
+  # The planner's rule for the split count (pallas_plan.SPLIT_RULES). Experiment, not yet run
+  # on a GPU: "waves" avoids a second, part-empty wave of CTAs (at 64 heads, B 64, K 512 it picks
+  # the 2 splits that measured 70 us where "fill" picks 3, 85 us), and makes 1 split where "fill"
+  # makes 2 at 128 programs (B 64 with 128 heads, B 128 with 64), which is unmeasured.
+  split_rule: str = "fill"
   # The register layout the dequantization loads the staged rows in: "upcast"
   # (WGMMA_UPCAST_4X: 8 consecutive columns per thread, 8-byte loads, 16-byte stores) or "wgmma"
   # (2 columns per thread, 2-byte loads; 15-20% slower on the H200, 2026-12-02). Both conflict
@@ -330,6 +335,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   """Decode with the Mosaic GPU kernel; arguments as `pallas_decode.pallas_decode`."""
   plgpu = _plgpu()
   config = config or MosaicConfig()
+  if config.split_rule not in pallas_plan.SPLIT_RULES:
+    raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
+                     f"got {config.split_rule!r}")
   if config.dequant_layout not in DEQUANT_LAYOUTS:
     raise ValueError("MosaicConfig.dequant_layout must be "
                      f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
@@ -342,7 +350,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   row_blocks = padded_rows // BLOCK_ROWS
   num_indices = max(kv_indices.shape[0], 1)
   splits = num_kv_splits_ or pallas_plan.num_kv_splits(
-      num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=config.min_split_entries)
+      num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=config.min_split_entries,
+      rule=config.split_rule)
 
   q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
   q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)

@@ -39,15 +39,30 @@ def num_sms() -> int:
     return DEFAULT_NUM_SMS
 
 
+# num_kv_splits's rules; "waves" is for kernels that run one program per multiprocessor.
+SPLIT_RULES = ("fill", "waves")
+
+
 def num_kv_splits(num_seqs: int, row_blocks: int, num_indices: int, block_kv: int, *,
-                  min_entries: int = MIN_ENTRIES_PER_SPLIT) -> int:
+                  min_entries: int = MIN_ENTRIES_PER_SPLIT, rule: str = "fill") -> int:
   """Enough programs to fill the GPU, but no split shorter than `min_entries` entries of the
-  average row (num_indices / num_seqs is the static length hint)."""
+  average row (num_indices / num_seqs is the static length hint).
+
+  rule "fill": ceil(SMs / programs) splits. rule "waves": of 1 .. that many, the fewest splits
+  with the shortest critical path, ceil(programs * s / SMs) waves of ceil(blocks / s) KV blocks
+  each (64 programs on 132 SMs: 2 splits, one wave, where "fill" makes 3, two waves)."""
+  if rule not in SPLIT_RULES:
+    raise ValueError(f"split rule must be one of {SPLIT_RULES}, got {rule!r}")
   programs = num_seqs * row_blocks
-  fill = -(-num_sms() // programs)
+  sms = num_sms()
   avg_len = num_indices // max(num_seqs, 1)
   by_length = max(1, avg_len // max(min_entries, block_kv))
-  return int(max(1, min(fill, by_length, MAX_SPLITS)))
+  fill = int(max(1, min(-(-sms // programs), by_length, MAX_SPLITS)))
+  if rule == "fill":
+    return fill
+  blocks = max(1, -(-avg_len // block_kv))
+  path = lambda s: -(-programs * s // sms) * -(-blocks // s)
+  return min(range(1, fill + 1), key=lambda s: (path(s), s))
 
 
 def sink_rows(sink, tokens_per_seq: int, padded_rows: int):
