@@ -76,6 +76,27 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert "mosaic_gpu" in exported.mlir_module()
 
 
+def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
+  """The profiler's records (benchmarks/mosaic_profile.py) fit beside the default kernel for 8
+  steps of 64 entries; 9 do not. Mosaic checks shared memory while lowering, on any machine;
+  a CPU lowering of the profiled kernel then stops at its host callback, after that check."""
+  batch = make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2], sink=0.3)
+  args = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+
+  def lowering_error(steps):
+    config = md.MosaicConfig(profile_dir="/tmp/unused", profile_steps=steps)
+    fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=1,
+                                   config=config))
+    try:
+      fn.trace(*args).lower(lowering_platforms=("cuda",))
+    except ValueError as e:
+      return str(e)
+    return ""
+
+  assert "exceeds available shared memory" not in lowering_error(8)
+  assert "exceeds available shared memory" in lowering_error(9)
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
