@@ -8,8 +8,7 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
 mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_long_splits,
-mosaic_waves;
-benchmarks/NOTES-pallas.md says what each is).
+mosaic_waves; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run

@@ -5,8 +5,9 @@ Usage: python benchmarks/mosaic_profile.py [--batch 64] [--heads 128] [--kv-len 
                                            [--impl mosaic] [--out results/NAME]
 
 --impl names a kernel variant of gpu_decode.MOSAIC_IMPLS. Keep --out files under
-benchmarks/results/profiles/ (benchmarks/results/*.json are timing tables, one schema). The profiler's records take shared
-memory (16 bytes per region, step and warpgroup): with split_qk (the default) use --kv-len 512 or less.
+benchmarks/results/profiles/ (benchmarks/results/*.json are timing tables, one schema). The
+profiler's records take shared memory (16 bytes per region, step and warpgroup): with split_qk
+(the default) use --kv-len 512 or less.
 
 The profiler's own cost (a clock read and a shared-memory store per region boundary) is
 included; compare regions with each other, not with the unprofiled times of gpu_decode.py.

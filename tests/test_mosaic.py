@@ -58,6 +58,11 @@ def run(batch, num_kv_splits=None, return_lse=True, config="default"):
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
 
 
+def abstract_args(batch):
+  """The batch's decode arguments as shapes and dtypes, for lowering without running."""
+  return [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+
+
 def check_against_oracle(batch, out, lse):
   assert_bf16_decode_close(out, lse, *oracle_decode(*batch.args(), batch.tokens_per_seq))
 
@@ -66,9 +71,8 @@ def check_against_oracle(batch, out, lse):
 @pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", [
     (16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None)])
 def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits, config):
-  batch = make_batch(np.random.default_rng(1), num_heads=num_heads,
-                     tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3)
-  args = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+  args = abstract_args(make_batch(np.random.default_rng(1), num_heads=num_heads,
+                                  tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3))
   fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
                                  num_kv_splits_=splits, config=CONFIGS[config]))
   exported = jax.export.export(fn, platforms=["cuda"], disabled_checks=[
@@ -80,8 +84,8 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
   """The profiler's records (benchmarks/mosaic_profile.py) fit beside the default kernel for 8
   steps of 64 entries; 9 do not. Mosaic checks shared memory while lowering, on any machine;
   a CPU lowering of the profiled kernel then stops at its host callback, after that check."""
-  batch = make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2], sink=0.3)
-  args = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+  args = abstract_args(make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2],
+                                  sink=0.3))
 
   def lowering_error(steps):
     config = md.MosaicConfig(profile_dir="/tmp/unused", profile_steps=steps)

@@ -135,8 +135,8 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         # next group before issuing this one's copies measured slower on the H200.)
         for g in range(0, num_entries, INDEX_GROUP):
           entries = range(g, min(g + INDEX_GROUP, num_entries))
-          this = [idx_ref[base + j] for j in entries]
-          for j, row in zip(entries, this):
+          rows = [idx_ref[base + j] for j in entries]
+          for j, row in zip(entries, rows):
             entry = pl.ds(first_entry + j, 1)
             copy(kv_ref.at[pl.ds(row, 1)], raw_smem.at[slot, entry])
             copy(rope_ref.at[pl.ds(row, 1)], rope_smem.at[slot, entry])
