@@ -41,7 +41,8 @@ CONFIGS = {
     "duplicated_qk": md.MosaicConfig(split_qk=False),
     "one_issuing_thread": md.MosaicConfig(producer_warps=False),
     "exact_math": md.MosaicConfig(approx_math=False),
-    "waves_split_rule": md.MosaicConfig(split_rule="waves"),  # not yet run on a GPU
+    "fill_split_rule": md.MosaicConfig(split_rule="fill"),
+    "swizzle_128": md.MosaicConfig(swizzle_bytes=128),  # not yet run on a GPU
 }
 
 

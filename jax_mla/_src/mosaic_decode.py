@@ -42,8 +42,6 @@ BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
 HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
 TILE = layout.TILE
-# The K tile's swizzle tile is 8 x 32 bf16 (64-byte swizzle).
-SWIZZLE_COLS = 32
 INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 # MosaicConfig.dequant_layout -> the plgpu.Layout the dequantization loads the staged rows in.
 DEQUANT_LAYOUTS = {"wgmma": "WGMMA", "upcast": "WGMMA_UPCAST_4X"}
@@ -55,14 +53,14 @@ class MosaicConfig:
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
-  # 52.4 us at K 2048, 27.9 against 44.2 at K 512; but 85 against 70 at 64 heads, B 64, K 512
-  # (3 splits, two waves of CTAs, instead of 2: benchmarks/NOTES-pallas.md).
+  # 52.4 us at K 2048, 27.9 against 44.2 at K 512. (Under the "fill" rule it cost 85 against
+  # 70 us at 64 heads, B 64, K 512: 3 splits, two waves; "waves" makes 2 there, 52 us.)
   min_split_entries: int = 64
-  # The planner's rule for the split count (pallas_plan.SPLIT_RULES). Experiment, not yet run
-  # on a GPU: "waves" avoids a second, part-empty wave of CTAs (at 64 heads, B 64, K 512 it picks
-  # the 2 splits that measured 70 us where "fill" picks 3, 85 us), and makes 1 split where "fill"
-  # makes 2 at 128 programs (B 64 with 128 heads, B 128 with 64), which is unmeasured.
-  split_rule: str = "fill"
+  # The planner's rule for the split count (pallas_plan.SPLIT_RULES). "waves" avoids a second,
+  # part-empty wave of CTAs; on the H200 (2026-12-03) it was faster than "fill" at every
+  # measured shape where the two plans differ, e.g. 126 against 166 us (64 heads, B 64, K 2048:
+  # 2 splits against 3) and 220 against 228 (128 heads, B 64, K 2048: 1 against 2).
+  split_rule: str = "waves"
   # The register layout the dequantization loads the staged rows in: "upcast"
   # (WGMMA_UPCAST_4X: 8 consecutive columns per thread, 8-byte loads, 16-byte stores) or "wgmma"
   # (2 columns per thread, 2-byte loads; 15-20% slower on the H200, 2026-12-02). Both conflict
@@ -82,6 +80,9 @@ class MosaicConfig:
   # (ex2.approx, lg2.approx: relative error about 2^-22, far below bf16's). 3% faster on the
   # H200 (2026-12-02, B 128, K 2048: 419 us against 433, the same build otherwise).
   approx_math: bool = True
+  # The Q and K tiles' shared-memory swizzle in bytes: 64 (tiles of 8 x 32 bf16) or 128 (tiles
+  # of 8 x 64 bf16, which the dequantization's 64-column stores fill whole).
+  swizzle_bytes: int = 64
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -342,6 +343,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.split_rule not in pallas_plan.SPLIT_RULES:
     raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
                      f"got {config.split_rule!r}")
+  if config.swizzle_bytes not in (64, 128):
+    raise ValueError(f"MosaicConfig.swizzle_bytes must be 64 or 128, got {config.swizzle_bytes!r}")
   if config.dequant_layout not in DEQUANT_LAYOUTS:
     raise ValueError("MosaicConfig.dequant_layout must be "
                      f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
@@ -368,8 +371,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
-  # 64-byte swizzle (tiles of 8 x 32 bf16).
-  swizzled = (plgpu.TilingTransform((8, SWIZZLE_COLS)), plgpu.SwizzleTransform(2 * SWIZZLE_COLS))
+  swizzle_cols = config.swizzle_bytes // 2
+  swizzled = (plgpu.TilingTransform((8, swizzle_cols)), plgpu.SwizzleTransform(2 * swizzle_cols))
   stages = config.num_stages
   scratch = dict(
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
