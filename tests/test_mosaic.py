@@ -42,7 +42,7 @@ CONFIGS = {
     "one_issuing_thread": md.MosaicConfig(producer_warps=False),
     "exact_math": md.MosaicConfig(approx_math=False),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
-    "swizzle_128": md.MosaicConfig(swizzle_bytes=128),  # not yet run on a GPU
+    "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
 }
 
 

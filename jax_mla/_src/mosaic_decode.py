@@ -80,9 +80,10 @@ class MosaicConfig:
   # (ex2.approx, lg2.approx: relative error about 2^-22, far below bf16's). 3% faster on the
   # H200 (2026-12-02, B 128, K 2048: 419 us against 433, the same build otherwise).
   approx_math: bool = True
-  # The Q and K tiles' shared-memory swizzle in bytes: 64 (tiles of 8 x 32 bf16) or 128 (tiles
-  # of 8 x 64 bf16, which the dequantization's 64-column stores fill whole).
-  swizzle_bytes: int = 64
+  # column_scales: each tile's scales are read as one strided [64] column of the staged rows
+  # straight into the row-vector layout (one byte per row and thread), instead of a [64, 16]
+  # load and a masked sum per tile. Not yet run on a GPU.
+  column_scales: bool = False
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -100,7 +101,7 @@ def _plgpu():
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem, s_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
-            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps):
+            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps, column_scales):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -184,6 +185,10 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
         The scales (bytes 448..461, each stored twice) are staged with the rows: tile t's is
         byte 448 + 2t. The padding bytes among the 16 loaded are never used."""
+        if column_scales:
+          return {t: e8m0_to_f32(plgpu.load(raw_smem.at[slot, :, layout.SCALE_OFFSET + 2 * t],
+                                            (), layout=row_layout, optimized=False))
+                  for t in tiles}
         ref = raw_smem.at[slot, :, pl.ds(layout.SCALE_OFFSET, 16)]
         low = plgpu.load(ref, (), layout=wgmma_layout, optimized=False).astype(jnp.int32)
         col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 16), 1, layout=wgmma_layout)
@@ -343,8 +348,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.split_rule not in pallas_plan.SPLIT_RULES:
     raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
                      f"got {config.split_rule!r}")
-  if config.swizzle_bytes not in (64, 128):
-    raise ValueError(f"MosaicConfig.swizzle_bytes must be 64 or 128, got {config.swizzle_bytes!r}")
   if config.dequant_layout not in DEQUANT_LAYOUTS:
     raise ValueError("MosaicConfig.dequant_layout must be "
                      f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
@@ -371,8 +374,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
-  swizzle_cols = config.swizzle_bytes // 2
-  swizzled = (plgpu.TilingTransform((8, swizzle_cols)), plgpu.SwizzleTransform(2 * swizzle_cols))
+  # 64-byte swizzle (tiles of 8 x 32 bf16). 128 measured 7% slower on the H200 (2026-12-03).
+  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
   stages = config.num_stages
   scratch = dict(
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
@@ -392,7 +395,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              dequant_layout=config.dequant_layout,
-                             split_qk=config.split_qk, producer_warps=config.producer_warps)
+                             split_qk=config.split_qk, producer_warps=config.producer_warps,
+                             column_scales=config.column_scales)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,

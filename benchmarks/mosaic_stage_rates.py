@@ -1,0 +1,165 @@
+"""How fast each consumer stage of the Mosaic decode kernel runs alone. Needs an sm90 GPU.
+
+Usage: python benchmarks/mosaic_stage_rates.py [--stages qk_split,qk_full,pv,dequant,softmax]
+
+The profile of the whole kernel (mosaic_profile.py) puts about 3.4 us per 64-entry step in QK,
+which is 64 x 32 x 512 per consumer, about 0.3 us at the tensor cores' rate. This script runs
+each stage alone, in a kernel shaped like the decode's (one CTA per SM, two consumer
+warpgroups, the same shared-memory tiles and swizzle), `reps` times in a loop, and reports
+microseconds per repetition: the time at 2 * R repetitions minus the time at R, over R, so the
+launch and the prologue cancel. Shared memory is not initialized: the stages' speed does not
+depend on the values (NaNs included).
+
+Stages (each per consumer warpgroup, both at once):
+- qk_split: S [64, 32] = Q [64, 512] K[32 entries]^T (the default's split_qk).
+- qk_full: S [64, 64] = Q K^T (duplicated_qk).
+- pv: O [64, 256] += P [64, 64] (bf16, registers) V [64, 256].
+- dequant: 4 tiles of [64, 64] fp8 loaded from the staged rows (the UPCAST layout), scaled,
+  stored as bf16 into the K tile (the kernel's dequantize_tile without the validity mask).
+- softmax: the online softmax of a [64, 64] f32 S (max, exp2, sums, O rescale).
+- chain: dequant, qk_full, softmax and pv one after another (no barriers between the two
+  consumers, whose results are garbage).
+- chain_scales: chain with the kernel's tile-scale reads from the staged rows and its
+  validity mask; chain_column_scales: the same with MosaicConfig.column_scales' reads.
+- chain_synced: chain with the kernel's barrier between the two consumers after dequant (both
+  wait for both halves of K), which keeps them in step.
+"""
+
+import argparse
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+ROWS, KV, HALF, TILE = 64, 64, 256, 64
+STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
+          "chain_column_scales", "chain_synced")
+
+
+def stage_kernel(stage, reps, num_ctas):
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  wgmma_layout = plgpu.Layout.WGMMA
+  upcast = plgpu.Layout.WGMMA_UPCAST_4X
+  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+
+  def body(out_ref, q_smem, k_smem, raw_smem, sync_bar):
+    wg = lax.axis_index("wg")
+
+    def qk(entries, acc_ref):
+      for h in range(2):
+        k = k_smem.at[h] if entries is None else k_smem.at[h, entries]
+        plgpu.wgmma(acc_ref, q_smem.at[h], k.T)
+      return acc_ref[...]
+
+    def dequant(m, scales):
+      for t in range(4):
+        raw = plgpu.load(raw_smem.at[:, pl.ds(TILE * t, TILE)], (), layout=upcast,
+                         optimized=False)
+        vals = lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
+        scale = m if scales is None else scales[t]
+        vals = vals * plgpu.layout_cast(lax.broadcast_in_dim(scale, (KV, TILE), [0]), upcast)
+        if scales is not None:
+          valid = plgpu.layout_cast(lax.broadcast_in_dim(m, (KV, TILE), [0]), upcast) > -1e30
+          vals = jnp.where(valid, vals, 0.0)
+        k_smem[wg, :, pl.ds(TILE * t, TILE)] = vals.astype(jnp.bfloat16)
+      plgpu.commit_smem()
+
+    def tile_scales():
+      if stage == "chain_column_scales":
+        return [plgpu.load(raw_smem.at[:, 448 + 2 * t], (), layout=wgmma_layout.reduce(1),
+                           optimized=False).astype(jnp.float32) for t in range(4)]
+      ref = raw_smem.at[:, pl.ds(448, 16)]
+      low = plgpu.load(ref, (), layout=wgmma_layout, optimized=False).astype(jnp.int32)
+      col = plgpu.broadcasted_iota(jnp.int32, (KV, 16), 1, layout=wgmma_layout)
+      return [jnp.where(col == 2 * t, low, 0).sum(axis=1).astype(jnp.float32)
+              for t in range(4)]
+
+    def scores(n):
+      entries = pl.ds(wg * n, n) if n < KV else None
+      return pl.run_scoped(functools.partial(qk, entries), plgpu.ACC((ROWS, n), jnp.float32))
+
+    def softmax(s, acc, m):
+      m_new = jnp.maximum(m, s.max(axis=1))
+      alpha = jnp.exp2(m - m_new)
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+      m = m_new + p.sum(axis=1) * 1e-6
+      return p, acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m
+
+    def pv(p, acc):
+      def run(acc_ref):
+        plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[wg])
+      return pl.run_state(run)(plgpu.ACC.init(acc))
+
+    def step(i, carry):
+      acc, m = carry
+      if stage in ("qk_split", "qk_full"):
+        s = scores(KV // 2 if stage == "qk_split" else KV)
+        m = m + s.max(axis=1)
+      elif stage == "pv":
+        acc = pv(plgpu.layout_cast(jnp.full((ROWS, KV), 1.0, jnp.float32), wgmma_layout), acc)
+      elif stage == "dequant":
+        dequant(m, None)
+      elif stage == "softmax":
+        s = plgpu.layout_cast(jnp.full((ROWS, KV), 0.5, jnp.float32), wgmma_layout)
+        s = s + lax.broadcast_in_dim(m, s.shape, [0]) * 1e-3
+        _, acc, m = softmax(s, acc, m)
+      else:  # chain, chain_scales, chain_column_scales, chain_synced
+        dequant(m, tile_scales() if "scales" in stage else None)
+        if stage == "chain_synced":
+          plgpu.barrier_arrive(sync_bar)
+          plgpu.barrier_wait(sync_bar)
+        p, acc, m = softmax(scores(KV), acc, m)
+        acc = pv(p, acc)
+      return acc, m
+
+    acc = plgpu.layout_cast(jnp.zeros((ROWS, HALF), jnp.float32), wgmma_layout)
+    m = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), wgmma_layout.reduce(1))
+    acc, m = lax.fori_loop(0, reps, step, (acc, m))
+    cta = lax.axis_index("cta")
+    # One value per CTA and warpgroup keeps every stage's result alive.
+    out_ref[cta, wg] = (acc.sum(axis=1) + m).sum()
+
+  scratch = dict(
+      q_smem=plgpu.SMEM((2, ROWS, HALF), jnp.bfloat16, transforms=swizzled),
+      k_smem=plgpu.SMEM((2, KV, HALF), jnp.bfloat16, transforms=swizzled),
+      raw_smem=plgpu.SMEM((KV, 512), jnp.uint8),
+      sync_bar=plgpu.Barrier(num_arrivals=2),
+  )
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((num_ctas, 2), jnp.float32),
+                      scratch_types=scratch, grid=(num_ctas,), grid_names=("cta",),
+                      num_threads=2, thread_name="wg",
+                      compiler_params=plgpu.CompilerParams(approx_math=True))
+
+
+def time_us(f, rounds=7):
+  f().block_until_ready()
+  samples = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    f().block_until_ready()
+    samples.append((time.perf_counter() - t0) * 1e6)
+  return statistics.median(samples)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--stages", default=",".join(STAGES))
+  ap.add_argument("--reps", type=int, default=512)
+  a = ap.parse_args()
+  num_ctas = jax.devices()[0].core_count
+  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {num_ctas} CTAs x 2 "
+        f"consumer warpgroups, R = {a.reps}")
+  print("| stage | us per repetition | us at R | us at 2R |\n|---|---|---|---|")
+  for stage in a.stages.split(","):
+    one = jax.jit(stage_kernel(stage, a.reps, num_ctas))
+    two = jax.jit(stage_kernel(stage, 2 * a.reps, num_ctas))
+    t1, t2 = time_us(one), time_us(two)
+    print(f"| {stage} | {(t2 - t1) / a.reps:.3f} | {t1:.1f} | {t2:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
