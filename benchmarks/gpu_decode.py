@@ -8,7 +8,8 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
 mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_long_splits,
-mosaic_fill, mosaic_column_scales; benchmarks/NOTES-pallas.md says what each is).
+mosaic_fill, mosaic_column_scales, mosaic_registers_240,
+mosaic_column_scales_240; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -148,7 +149,9 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
                 "mosaic_exact": {"approx_math": False},
                 "mosaic_long_splits": {"min_split_entries": 256},
                 "mosaic_fill": {"split_rule": "fill"},
-                "mosaic_column_scales": {"column_scales": True}}
+                "mosaic_column_scales": {"column_scales": True},
+                "mosaic_registers_240": {"consumer_registers": 240},
+                "mosaic_column_scales_240": {"column_scales": True, "consumer_registers": 240}}
 
 
 def looped(f, steps):

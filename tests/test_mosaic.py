@@ -43,6 +43,7 @@ CONFIGS = {
     "exact_math": md.MosaicConfig(approx_math=False),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
+    "registers_240": md.MosaicConfig(consumer_registers=240),  # not yet run on a GPU
 }
 
 
@@ -104,6 +105,7 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
 
 @pytest.mark.parametrize("bad,match", [
     (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
+    (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])

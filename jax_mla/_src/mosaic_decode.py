@@ -84,6 +84,10 @@ class MosaicConfig:
   # straight into the row-vector layout (one byte per row and thread), instead of a [64, 16]
   # load and a masked sum per tile. Not yet run on a GPU.
   column_scales: bool = False
+  # consumer_registers: each consumer thread's registers after `setmaxnreg` (a multiple of 8, at
+  # most 240); the producer gets what is left of the SM's 64K (128 * (2c + p) <= 65536). ptxas
+  # spilled 340 bytes per thread at 224 / 56 (2026-12-03); where is unknown.
+  consumer_registers: int = 224
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
@@ -101,7 +105,8 @@ def _plgpu():
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem, s_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
-            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps, column_scales):
+            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps, column_scales,
+            consumer_registers):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
   row_block = lax.axis_index("rows")
@@ -145,7 +150,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
   @pl.when(wg == 2)
   def _producer():
-    plgpu.set_max_registers(56, action="decrease")
+    plgpu.set_max_registers(_producer_registers(consumer_registers), action="decrease")
     if producer_warps:
       # Each of the four warps issues a quarter of every block's copies: Mosaic issues a copy
       # from one elected thread, so one warpgroup issues them one after another.
@@ -158,7 +163,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 
   @pl.when(wg < 2)
   def _consumer():
-    plgpu.set_max_registers(224, action="increase")
+    plgpu.set_max_registers(consumer_registers, action="increase")
     # Each consumer copies one half (a TMA box is at most 256 elements along each dimension).
     plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(wg * HALF, HALF)],
                             q_smem.at[wg], q_bar)
@@ -323,6 +328,12 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
 _REGIONS_PER_STEP = 7
 
 
+def _producer_registers(consumer_registers):
+  """The producer's registers: what two consumers leave of 512 per thread slot, at most 56 (its
+  need when this was written), rounded down to a multiple of 8."""
+  return min(56, (512 - 2 * consumer_registers) // 8 * 8)
+
+
 def _compiler_params(config):
   """Mosaic GPU compiler parameters: approximate math, and room for the profiler's records
   when profiling is on."""
@@ -348,6 +359,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.split_rule not in pallas_plan.SPLIT_RULES:
     raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
                      f"got {config.split_rule!r}")
+  if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
+    raise ValueError("MosaicConfig.consumer_registers must be a multiple of 8 in 224..240, "
+                     f"got {config.consumer_registers!r}")
   if config.dequant_layout not in DEQUANT_LAYOUTS:
     raise ValueError("MosaicConfig.dequant_layout must be "
                      f"{' or '.join(map(repr, DEQUANT_LAYOUTS))}, "
@@ -396,7 +410,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              dequant_layout=config.dequant_layout,
                              split_qk=config.split_qk, producer_warps=config.producer_warps,
-                             column_scales=config.column_scales)
+                             column_scales=config.column_scales,
+                             consumer_registers=config.consumer_registers)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,

@@ -13,7 +13,6 @@ any valid split (K = 0), whose lse is the sink.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
