@@ -9,7 +9,7 @@ Implementations: pallas (the Triton-lowered kernel; --configs for its variants),
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
 mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_long_splits,
 mosaic_fill, mosaic_column_scales, mosaic_registers_240,
-mosaic_column_scales_240; benchmarks/NOTES-pallas.md says what each is).
+mosaic_column_scales_240, mosaic_direct; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -151,7 +151,8 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
                 "mosaic_fill": {"split_rule": "fill"},
                 "mosaic_column_scales": {"column_scales": True},
                 "mosaic_registers_240": {"consumer_registers": 240},
-                "mosaic_column_scales_240": {"column_scales": True, "consumer_registers": 240}}
+                "mosaic_column_scales_240": {"column_scales": True, "consumer_registers": 240},
+                "mosaic_direct": {"design": "direct"}}
 
 
 def looped(f, steps):

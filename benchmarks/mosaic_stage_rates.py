@@ -23,6 +23,9 @@ Stages (each per consumer warpgroup, both at once):
   validity mask; chain_column_scales: the same with MosaicConfig.column_scales' reads.
 - chain_synced: chain with the kernel's barrier between the two consumers after dequant (both
   wait for both halves of K), which keeps them in step.
+- gather: one warpgroup per CTA gathers and dequantizes a block of 64 random rows of a
+  65536-row pool from global memory into the K tile (mosaic_gather, FlashMLA's way), which
+  the kernel's producer would do per step instead of staging raw rows.
 """
 
 import argparse
@@ -37,7 +40,8 @@ from jax.experimental import pallas as pl
 
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
-          "chain_column_scales", "chain_synced")
+          "chain_column_scales", "chain_synced", "gather")
+POOL = 65536
 
 
 def stage_kernel(stage, reps, num_ctas):
@@ -135,6 +139,35 @@ def stage_kernel(stage, reps, num_ctas):
                       compiler_params=plgpu.CompilerParams(approx_math=True))
 
 
+def gather_kernel(reps, num_ctas):
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  from jax_mla._src import mosaic_gather as mg  # pylint: disable=import-outside-toplevel
+
+  def body(kv_ref, rope_ref, idx_ref, out_ref, k_smem):
+    cta = lax.axis_index("cta")
+
+    @pl.loop(0, reps)
+    def _block(i):
+      block = lax.rem(i * num_ctas + cta, reps)
+      mg.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(block * 64, 64)],
+                           jnp.int32(64), k_smem)
+      plgpu.commit_smem()
+    for h in range(2):
+      plgpu.copy_smem_to_gmem(k_smem.at[h], out_ref.at[cta, h])
+    plgpu.wait_smem_to_gmem(0)
+
+  kernel = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((num_ctas, 2, 64, HALF), jnp.bfloat16),
+      scratch_types=dict(k_smem=plgpu.SMEM((2, 64, HALF), jnp.bfloat16,
+                                           transforms=mg.k_tile_transforms())),
+      grid=(num_ctas,), grid_names=("cta",))
+  key = jax.random.key(0)
+  kv = jax.random.randint(key, (POOL, 512), 0, 120, jnp.int32).astype(jnp.uint8)
+  rope = jnp.zeros((POOL, 64), jnp.bfloat16)
+  idx = jax.random.randint(key, (reps * 64,), 0, POOL, jnp.int32)
+  return jax.jit(kernel), (kv, rope, idx)
+
+
 def time_us(f, rounds=7):
   f().block_until_ready()
   samples = []
@@ -155,8 +188,12 @@ def main():
         f"consumer warpgroups, R = {a.reps}")
   print("| stage | us per repetition | us at R | us at 2R |\n|---|---|---|---|")
   for stage in a.stages.split(","):
-    one = jax.jit(stage_kernel(stage, a.reps, num_ctas))
-    two = jax.jit(stage_kernel(stage, 2 * a.reps, num_ctas))
+    if stage == "gather":
+      (f1, args1), (f2, args2) = gather_kernel(a.reps, num_ctas), gather_kernel(2 * a.reps, num_ctas)
+      one, two = lambda: f1(*args1), lambda: f2(*args2)
+    else:
+      one = jax.jit(stage_kernel(stage, a.reps, num_ctas))
+      two = jax.jit(stage_kernel(stage, 2 * a.reps, num_ctas))
     t1, t2 = time_us(one), time_us(two)
     print(f"| {stage} | {(t2 - t1) / a.reps:.3f} | {t1:.1f} | {t2:.1f} |", flush=True)
 

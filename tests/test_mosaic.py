@@ -44,7 +44,10 @@ CONFIGS = {
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
     "registers_240": md.MosaicConfig(consumer_registers=240),  # not yet run on a GPU
+    "direct": md.MosaicConfig(design="direct"),  # not yet run on a GPU
 }
+# Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
+DESIGNS = {"staged": "default", "direct": "direct"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,6 +108,7 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
 
 @pytest.mark.parametrize("bad,match", [
     (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
+    (dict(design="flash"), r"design must be one of \('staged', 'direct'\), got 'flash'"),
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
@@ -132,36 +136,39 @@ def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits,
 @GPU
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("sink", list(SINKS), ids=list(SINKS))
-def test_sinks(sink, splits):
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_sinks(sink, splits, design):
   rng = np.random.default_rng(len(sink) + splits)
   batch = make_batch(rng, num_heads=64, lengths=[0, 33, 200, 2], sink=SINKS[sink])
-  out, lse = run(batch, num_kv_splits=splits)
+  out, lse = run(batch, num_kv_splits=splits, config=DESIGNS[design])
   check_against_oracle(batch, out, lse)
 
 
 @pytest.mark.gpu
 @GPU
 @pytest.mark.parametrize("pattern", ["random", "same", "last"])
-def test_repeated_and_unsorted_indices(pattern):
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_repeated_and_unsorted_indices(pattern, design):
   rng = np.random.default_rng(len(pattern))
   batch = make_batch(rng, num_heads=64, lengths=[70, 3, 129], sink=0.1, index_pattern=pattern)
-  out, lse = run(batch, num_kv_splits=2)
+  out, lse = run(batch, num_kv_splits=2, config=DESIGNS[design])
   check_against_oracle(batch, out, lse)
 
 
 @pytest.mark.gpu
 @GPU
 @pytest.mark.parametrize("splits", [1, 2])
-def test_padding_poison_leaves_results_bit_identical(splits):
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_padding_poison_leaves_results_bit_identical(splits, design):
   rng = np.random.default_rng(7)
   batch = make_batch(rng, num_heads=64, lengths=[12, 0, 70], sink=0.5)
-  clean_out, clean_lse = run(batch, num_kv_splits=splits)
+  clean_out, clean_lse = run(batch, num_kv_splits=splits, config=DESIGNS[design])
   check_against_oracle(batch, clean_out, clean_lse)
   for pattern in POISON_PATTERNS:
     dirty = make_batch(np.random.default_rng(7), num_heads=64, lengths=[12, 0, 70], sink=0.5)
     dirty.q = poison_padding(dirty.q, pattern, rng)
     dirty.kv = poison_padding(dirty.kv, pattern, rng)
-    out, lse = run(dirty, num_kv_splits=splits)
+    out, lse = run(dirty, num_kv_splits=splits, config=DESIGNS[design])
     assert np.isfinite(out).all(), pattern
     np.testing.assert_array_equal(out, clean_out, err_msg=pattern)
     np.testing.assert_array_equal(lse, clean_lse, err_msg=pattern)
@@ -169,34 +176,37 @@ def test_padding_poison_leaves_results_bit_identical(splits):
 
 @pytest.mark.gpu
 @GPU
-def test_nan_rows_outside_the_index_lists_never_leak():
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_nan_rows_outside_the_index_lists_never_leak(design):
   rng = np.random.default_rng(8)
   batch = make_batch(rng, num_heads=64, lengths=[3, 150], pool_rows=512, sink=0.1,
                      extra_indices=20)
   batch.poison_unindexed_rows()
-  out, lse = run(batch, num_kv_splits=2)
+  out, lse = run(batch, num_kv_splits=2, config=DESIGNS[design])
   assert np.isfinite(out).all() and np.isfinite(lse).all()
   check_against_oracle(batch, out, lse)
 
 
 @pytest.mark.gpu
 @GPU
-def test_nan_scale_in_an_indexed_row_propagates():
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_nan_scale_in_an_indexed_row_propagates(design):
   rng = np.random.default_rng(12)
   batch = make_batch(rng, num_heads=64, lengths=[10, 10], index_pattern="unique", sink=0.2)
   batch.kv[batch.kv_indices[3], 448 + 2 * 2] = 0xFF
-  out, lse = run(batch)
+  out, lse = run(batch, config=DESIGNS[design])
   assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
   check_against_oracle(batch, out, lse)
 
 
 @pytest.mark.gpu
 @GPU
-def test_empty_rows_and_per_head_sinks():
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_empty_rows_and_per_head_sinks(design):
   rng = np.random.default_rng(5)
   sink = np.array([-np.inf, 0.0, 5.0, np.inf] * 16, np.float32)
   batch = make_batch(rng, num_heads=64, lengths=[0, 40, 0], sink=sink)
-  out, lse = run(batch, num_kv_splits=1)
+  out, lse = run(batch, num_kv_splits=1, config=DESIGNS[design])
   for t in (0, 2):
     assert not out[t].any()
     np.testing.assert_array_equal(lse[t], sink)

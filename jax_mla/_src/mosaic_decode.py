@@ -33,10 +33,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
+from jax_mla._src import mosaic_consumer
+from jax_mla._src import mosaic_direct
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
-from jax_mla._src.kernel_math import (LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2,
-                                      split_chunks)
+from jax_mla._src.kernel_math import e8m0_to_f32, split_chunks
 
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
@@ -47,9 +48,17 @@ INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 DEQUANT_LAYOUTS = {"wgmma": "WGMMA", "upcast": "WGMMA_UPCAST_4X"}
 
 
+DESIGNS = ("staged", "direct")
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
+  # "staged": this module's kernel (rows bulk-copied into shared memory, both consumers
+  # dequantize). "direct": mosaic_direct's (the producer gathers and dequantizes from global
+  # memory, two K tiles, asymmetric consumers; lowers, not yet run on a GPU), which uses only
+  # min_split_entries, split_rule and approx_math of the fields below.
+  design: str = "staged"
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -275,13 +284,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         with jax.named_scope("qk"):
           s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
       with jax.named_scope("softmax"):
-        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_ROWS, BLOCK_KV), 1, layout=wgmma_layout)
-        s = jnp.where(col + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
-        m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-        l_i = l_i * alpha + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        p, acc, m_new, l_i = mosaic_consumer.softmax_step(s, base_entry, length, acc, m_i, l_i)
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[wg])
@@ -297,30 +300,9 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
     l_i = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout)
     acc, m_i, l_i = lax.fori_loop(0, steps, body, (acc, m_i, l_i))
 
-    seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
-    m_safe = jnp.where(seen, m_i, 0.0)
-    lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
-    cols = pl.ds(wg * HALF, HALF)
-    if num_splits == 1:
-      sink2 = plgpu.load(sink_ref.at[pl.ds(row0, BLOCK_ROWS)], (), layout=row_layout,
-                         optimized=False) * LOG2E
-      total2 = logaddexp2(lse2, sink2)
-      # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
-      weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
-      out = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
-      out_ref[seq, pl.ds(row0, BLOCK_ROWS), cols] = out.astype(out_ref.dtype)
-
-      @pl.when(wg == 0)
-      def _lse():
-        lse_ref[seq, pl.ds(row0, BLOCK_ROWS)] = total2 * LN2
-    else:
-      inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-      out_ref[seq, split, pl.ds(row0, BLOCK_ROWS), cols] = (
-          acc * lax.broadcast_in_dim(inv_l, acc.shape, [0]))
-
-      @pl.when(wg == 0)
-      def _lse():
-        lse_ref[seq, split, pl.ds(row0, BLOCK_ROWS)] = lse2 * LN2
+    mosaic_consumer.write_results(acc, m_i, l_i, half=wg, seq=seq, row0=row0, split=split,
+                                  num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
+                                  lse_ref=lse_ref)
 
 
 # Named regions a warpgroup enters per step: the consumers' seven (rows_wait, dequantize,
@@ -350,6 +332,36 @@ def _compiler_params(config):
   return _plgpu().CompilerParams(approx_math=config.approx_math, **profile)
 
 
+def _staged_kernel(config, splits):
+  """This module's kernel and its shared-memory scratch."""
+  plgpu = _plgpu()
+  # 64-byte swizzle (tiles of 8 x 32 bf16). 128 measured 7% slower on the H200 (2026-12-03).
+  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+  stages = config.num_stages
+  scratch = dict(
+      # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
+      q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
+      k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
+      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES), jnp.uint8),
+      rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
+      q_bar=plgpu.Barrier(num_arrivals=2),
+      # One arrival per copy: the row's and the RoPE's, per entry.
+      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV, num_barriers=stages),
+      free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      k_ready_bar=plgpu.Barrier(num_arrivals=2),
+      k_free_bar=plgpu.Barrier(num_arrivals=2),
+      # split_qk: S [64, 64], each consumer's 32 columns, and their exchange.
+      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV) if config.split_qk else (8, 8), jnp.float32),
+      s_ready_bar=plgpu.Barrier(num_arrivals=2),
+  )
+  kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
+                             dequant_layout=config.dequant_layout,
+                             split_qk=config.split_qk, producer_warps=config.producer_warps,
+                             column_scales=config.column_scales,
+                             consumer_registers=config.consumer_registers)
+  return scratch, kernel
+
+
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                   num_kv_splits_: int | None = None, return_lse: bool = True,
                   config: MosaicConfig | None = None):
@@ -359,6 +371,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.split_rule not in pallas_plan.SPLIT_RULES:
     raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
                      f"got {config.split_rule!r}")
+  if config.design not in DESIGNS:
+    raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
     raise ValueError("MosaicConfig.consumer_registers must be a multiple of 8 in 224..240, "
                      f"got {config.consumer_registers!r}")
@@ -388,30 +402,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
-  # 64-byte swizzle (tiles of 8 x 32 bf16). 128 measured 7% slower on the H200 (2026-12-03).
-  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
-  stages = config.num_stages
-  scratch = dict(
-      # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.
-      q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
-      k_smem=plgpu.SMEM((2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      raw_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROW_BYTES), jnp.uint8),
-      rope_smem=plgpu.SMEM((stages, BLOCK_KV, layout.ROPE_DIM), jnp.bfloat16),
-      q_bar=plgpu.Barrier(num_arrivals=2),
-      # One arrival per copy: the row's and the RoPE's, per entry.
-      full_bars=plgpu.Barrier(num_arrivals=2 * BLOCK_KV, num_barriers=stages),
-      free_bars=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      k_ready_bar=plgpu.Barrier(num_arrivals=2),
-      k_free_bar=plgpu.Barrier(num_arrivals=2),
-      # split_qk: S [64, 64], each consumer's 32 columns, and their exchange.
-      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV) if config.split_qk else (8, 8), jnp.float32),
-      s_ready_bar=plgpu.Barrier(num_arrivals=2),
-  )
-  kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
-                             dequant_layout=config.dequant_layout,
-                             split_qk=config.split_qk, producer_warps=config.producer_warps,
-                             column_scales=config.column_scales,
-                             consumer_registers=config.consumer_registers)
+  if config.design == "direct":
+    scratch = mosaic_direct.scratch_types()
+    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits)
+  else:
+    scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,

@@ -1,0 +1,67 @@
+"""The consumer math both Mosaic GPU decode kernels share (mosaic_decode's staged design and
+mosaic_direct's): the online softmax step with the split's length mask, and the epilogue that
+writes a warpgroup's half of the output and the lse."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
+
+BLOCK_ROWS = 64
+HALF = 256
+
+
+def _plgpu():
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  return plgpu
+
+
+def softmax_step(s, base_entry, length, acc, m_i, l_i):
+  """Scores s [64, block] (f32, WGMMA layout) of entries base_entry.. -> (p, acc rescaled,
+  m, l) in the exp2 domain. Entries at or past `length` are masked out."""
+  plgpu = _plgpu()
+  col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+  s = jnp.where(col + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
+  m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
+  alpha = jnp.exp2(m_i - m_new)
+  p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+  l_i = l_i * alpha + p.sum(axis=1)
+  acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+  return p, acc, m_new, l_i
+
+
+def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref, out_ref,
+                  lse_ref):
+  """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and
+  its m and l; half 0 also writes the lse. With one split: final bf16, sink and empty rows
+  applied; with more: the softmax-normalized f32 partial and its lse for pallas_merge."""
+  plgpu = _plgpu()
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
+  seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
+  m_safe = jnp.where(seen, m_i, 0.0)
+  lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+  cols = pl.ds(half * HALF, HALF)
+  rows = pl.ds(row0, BLOCK_ROWS)
+  if num_splits == 1:
+    sink2 = plgpu.load(sink_ref.at[rows], (), layout=row_layout, optimized=False) * LOG2E
+    total2 = logaddexp2(lse2, sink2)
+    # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
+    weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
+    out = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
+    out_ref[seq, rows, cols] = out.astype(out_ref.dtype)
+    lse_at, lse = (seq, rows), total2 * LN2
+  else:
+    inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+    out_ref[seq, split, rows, cols] = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
+    lse_at, lse = (seq, split, rows), lse2 * LN2
+
+  def write_lse():
+    lse_ref[lse_at] = lse
+  if isinstance(half, int):  # a warpgroup that knows its half statically
+    if half == 0:
+      write_lse()
+  else:
+    pl.when(half == 0)(write_lse)

@@ -1,0 +1,149 @@
+"""The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
+gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
+memory and the three warpgroups overlap. EXPERIMENTAL: lowers (CI), not yet run on a GPU.
+
+Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
+
+- warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_dequantize`
+  (per-thread 16-byte loads, hardware fp8 conversion, scaled bf16 into the swizzled tile) into
+  K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it.
+- warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), publishes S in shared
+  memory for warpgroup 1, then its online softmax and O[:, :256] += P V[:, :256].
+- warpgroup 1: reads S, runs the same softmax (the same operations on the same values, so the
+  same m and l bit for bit) and O[:, 256:] += P V[:, 256:].
+
+So the dequantization of block n + 1 runs beside the MMAs of block n, and warpgroup 1's PV
+beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + S 16 KB = 208 KB.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mla._src import mosaic_consumer
+from jax_mla._src import mosaic_gather
+from jax_mla._src.kernel_math import split_chunks
+
+BLOCK_ROWS = 64
+BLOCK_KV = 64
+HALF = 256
+NUM_K_TILES = 2
+# setmaxnreg per role (multiples of 8, 128 * sum <= 65536): the QK warpgroup holds S and half
+# of O, the other only half of O and P, the producer a row's loaded words.
+REGISTERS = {0: 200, 1: 160, 2: 152}
+
+
+def scratch_types():
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  swizzled = mosaic_gather.k_tile_transforms()
+  return dict(
+      q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
+      k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
+      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.float32),
+      q_bar=plgpu.Barrier(num_arrivals=2),
+      k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
+      k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES),
+      s_full=plgpu.Barrier(num_arrivals=1),
+      s_free=plgpu.Barrier(num_arrivals=1),
+  )
+
+
+def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
+           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits):
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  seq = lax.axis_index("seq")
+  row0 = lax.axis_index("rows") * BLOCK_ROWS
+  split = lax.axis_index("split")
+  wg = lax.axis_index("wg")
+  start = indptr_ref[seq]
+  length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                            BLOCK_KV)
+  steps = chunk_hi - chunk_lo
+
+  @pl.when(wg == 2)
+  def _producer():
+    plgpu.set_max_registers(REGISTERS[2], action="decrease")
+
+    @pl.loop(0, steps)
+    def _fill(step):
+      tile = lax.rem(step, NUM_K_TILES)
+
+      @pl.when(step >= NUM_K_TILES)
+      def _wait_free():
+        plgpu.barrier_wait(k_free.at[tile])
+
+      first = (chunk_lo + step) * BLOCK_KV
+      num_valid = jnp.clip(length - first, 0, BLOCK_KV)
+      mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
+                                      num_valid, k_smem.at[tile])
+      plgpu.commit_smem()  # the stores, before wgmma reads the tile
+      plgpu.barrier_arrive(k_full.at[tile])
+
+  wgmma_layout = plgpu.Layout.WGMMA
+  row_layout = wgmma_layout.reduce(1)
+
+  def pv(acc, p, tile, half):
+    def run(acc_ref):
+      plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[tile, half])
+    return pl.run_state(run)(plgpu.ACC.init(acc))
+
+  def consumer(half, body):
+    """The step loop of consumer `half` (its O columns), then its half of the results."""
+    def step(i, carry):
+      acc, m_i, l_i = carry
+      tile = lax.rem(i, NUM_K_TILES)
+      s = body(i, tile)
+      p, acc, m_i, l_i = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
+                                                      acc, m_i, l_i)
+      acc = pv(acc, p, tile, half)
+      plgpu.barrier_arrive(k_free.at[tile])  # this consumer's MMAs on the tile are done
+      return acc, m_i, l_i
+
+    acc = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout)
+    m_i = plgpu.layout_cast(jnp.full((BLOCK_ROWS,), -jnp.inf, jnp.float32), row_layout)
+    l_i = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout)
+    acc, m_i, l_i = lax.fori_loop(0, steps, step, (acc, m_i, l_i))
+    mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
+                                  num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
+                                  lse_ref=lse_ref)
+
+  @pl.when(wg == 0)
+  def _qk_consumer():
+    plgpu.set_max_registers(REGISTERS[0], action="increase")
+    for h in range(2):  # a TMA box is at most 256 elements along each dimension
+      plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
+                              q_smem.at[h], q_bar)
+    plgpu.barrier_wait(q_bar)
+
+    def scores(step, tile):
+      plgpu.barrier_wait(k_full.at[tile])
+
+      def qk(acc_ref):
+        for h in range(2):
+          plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[tile, h].T)
+        return acc_ref[...]
+      s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
+
+      @pl.when(step > 0)
+      def _wait_s_free():  # warpgroup 1 has read the previous S
+        plgpu.barrier_wait(s_free)
+      s_smem[...] = s
+      plgpu.barrier_arrive(s_full)
+      return s
+
+    consumer(0, scores)
+
+  @pl.when(wg == 1)
+  def _pv_consumer():
+    plgpu.set_max_registers(REGISTERS[1], action="decrease")
+
+    def scores(step, tile):
+      del step, tile  # warpgroup 0 waited for the tile before publishing S
+      plgpu.barrier_wait(s_full)
+      s = plgpu.load(s_smem, (), layout=wgmma_layout, optimized=False)
+      plgpu.barrier_arrive(s_free)
+      return s
+
+    consumer(1, scores)

@@ -1,0 +1,110 @@
+"""mosaic_gather: per-thread gathering and dequantization of packed rows into the swizzled K
+tile, against a numpy oracle (bit-exact); its lowering on any machine."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import export
+
+from jax_mla._src import layout
+from jax_mla._src import mosaic_gather as mg
+
+POOL = 4096
+
+
+def gather_tile(kv, rope, idx, num_valid):
+  """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  def body(kv_ref, rope_ref, idx_ref, n_ref, out_ref, k_smem):
+    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, out_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = dict(k_smem=plgpu.SMEM((2, mg.BLOCK_ROWS, mg.HALF), jnp.bfloat16,
+                                   transforms=mg.k_tile_transforms()))
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, mg.BLOCK_ROWS, mg.HALF),
+                                                          jnp.bfloat16),
+                      scratch_types=scratch)(kv, rope, idx, num_valid)
+
+
+def oracle(kv, rope, idx, num_valid):
+  """numpy: fp8 bytes times 2^(scale byte - 127) in f32, rounded to bf16; rows past
+  num_valid zero."""
+  out = np.zeros((64, layout.HEAD_DIM), np.float32)
+  for r in range(num_valid):
+    row = kv[idx[r]]
+    vals = row[:layout.NOPE_DIM].view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    exps = row[layout.SCALE_OFFSET:layout.SCALE_OFFSET + layout.SCALE_BYTES:2].astype(np.int64)
+    scales = np.where(exps == 255, np.nan, np.ldexp(np.float32(1), exps - 127)).astype(np.float32)
+    out[r, :layout.NOPE_DIM] = vals * np.repeat(scales, layout.TILE)
+    out[r, layout.NOPE_DIM:] = rope[idx[r]].astype(np.float32)
+  out = out.astype(ml_dtypes.bfloat16)
+  return np.stack([out[:, :mg.HALF], out[:, mg.HALF:]])
+
+
+def random_pool(rng):
+  kv = rng.integers(0, 256, (POOL, layout.ROW_BYTES)).astype(np.uint8)
+  kv[:, :layout.NOPE_DIM][(kv[:, :layout.NOPE_DIM] & 0x7F) == 0x7F] = 0  # no fp8 NaN codes
+  exps = rng.integers(100, 140, (POOL, layout.NUM_TILES)).astype(np.uint8)
+  exps[1, 0], exps[2, 3], exps[3, 6] = 0, 254, 1  # extremes: 2^-127 (subnormal), 2^127, 2^-126
+  kv[:, layout.SCALE_OFFSET:layout.PAD_OFFSET] = np.repeat(exps, 2, axis=1)
+  rope = rng.standard_normal((POOL, layout.ROPE_DIM)).astype(ml_dtypes.bfloat16)
+  return kv, rope
+
+
+def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
+  offsets = [mg.k_tile_offset(h, r, c)
+             for h, r, c in itertools.product(range(2), range(64), range(0, mg.HALF, 8))]
+  assert sorted(offsets) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
+  # Eight rows of one column chunk land in eight distinct 16-byte bank groups (no conflicts).
+  banks = {mg.k_tile_offset(0, r, 40) % 128 for r in range(8)}
+  assert len(banks) == 8
+
+
+def test_lowers_for_cuda_on_any_machine():
+  args = (jax.ShapeDtypeStruct((POOL, layout.ROW_BYTES), jnp.uint8),
+          jax.ShapeDtypeStruct((POOL, layout.ROPE_DIM), jnp.bfloat16),
+          jax.ShapeDtypeStruct((64,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+  exported = export.export(
+      jax.jit(gather_tile), platforms=["cuda"],
+      disabled_checks=[export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*args)
+  assert "mosaic_gpu" in exported.mlir_module()
+
+
+def _hopper():
+  dev = jax.devices()[0]
+  return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm90 (Hopper) GPU")
+@pytest.mark.parametrize("num_valid", [64, 37, 0])
+def test_matches_numpy_bit_for_bit(num_valid):
+  rng = np.random.default_rng(num_valid)
+  kv, rope = random_pool(rng)
+  idx = rng.integers(0, POOL, 64).astype(np.int32)
+  idx[:4] = [1, 2, 3, 1]  # the extreme scales, one row twice
+  # Past num_valid the list holds an out-of-range index, which must not be read.
+  idx[num_valid:] = 1 << 30
+  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([num_valid], np.int32)))
+  want = oracle(kv, rope, idx, num_valid)
+  assert np.isfinite(want.astype(np.float32)).all()
+  assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm90 (Hopper) GPU")
+def test_nan_scale_gives_nan_tile():
+  rng = np.random.default_rng(7)
+  kv, rope = random_pool(rng)
+  kv[5, layout.SCALE_OFFSET + 2 * 5:layout.SCALE_OFFSET + 2 * 5 + 2] = 255
+  idx = np.full(64, 5, np.int32)
+  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([64], np.int32)), np.float32)
+  assert np.isnan(got[1, :, 64:128]).all()  # tile 5 is columns 64..127 of the second half
+  assert np.isfinite(got[1, :, :64]).all() and np.isfinite(got[0]).all()
