@@ -89,7 +89,7 @@ def _emit_fill(kv, rope, idx, valid_count, k):
     return asm(2, [word, scale], """{
       .reg .b16 lo, hi;
       .reg .b32 a, b;
-      .reg .f16 a0, a1, b0, b1;
+      .reg .b16 a0, a1, b0, b1;
       .reg .f32 f0, f1, f2, f3;
       mov.b32 {lo, hi}, $2;
       cvt.rn.f16x2.e4m3x2 a, lo;
