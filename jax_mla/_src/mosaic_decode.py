@@ -94,7 +94,7 @@ class MosaicConfig:
   # load and a masked sum per tile. Not yet run on a GPU.
   column_scales: bool = False
   # consumer_registers: each consumer thread's registers after `setmaxnreg` (a multiple of 8, at
-  # most 240); the producer gets what is left of the SM's 64K (128 * (2c + p) <= 65536). ptxas
+  # most 240); the producer gets what is left of the launch's 504 per thread slot. ptxas
   # spilled 340 bytes per thread at 224 / 56 (2026-12-03); where is unknown.
   consumer_registers: int = 224
   # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
@@ -311,9 +311,10 @@ _REGIONS_PER_STEP = 7
 
 
 def _producer_registers(consumer_registers):
-  """The producer's registers: what two consumers leave of 512 per thread slot, at most 56 (its
-  need when this was written), rounded down to a multiple of 8."""
-  return min(56, (512 - 2 * consumer_registers) // 8 * 8)
+  """The producer's registers: what two consumers leave of the launch's 3 x 168 per thread slot
+  (an increase draws only on registers the CTA's other warps released), at most 56, at least
+  the hardware's 24."""
+  return max(24, min(56, (504 - 2 * consumer_registers) // 8 * 8))
 
 
 def _compiler_params(config):
