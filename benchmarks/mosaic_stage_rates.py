@@ -189,7 +189,8 @@ def main():
   print("| stage | us per repetition | us at R | us at 2R |\n|---|---|---|---|")
   for stage in a.stages.split(","):
     if stage == "gather":
-      (f1, args1), (f2, args2) = gather_kernel(a.reps, num_ctas), gather_kernel(2 * a.reps, num_ctas)
+      (f1, args1) = gather_kernel(a.reps, num_ctas)
+      (f2, args2) = gather_kernel(2 * a.reps, num_ctas)
       one, two = lambda: f1(*args1), lambda: f2(*args2)
     else:
       one = jax.jit(stage_kernel(stage, a.reps, num_ctas))

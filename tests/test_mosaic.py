@@ -44,7 +44,8 @@ CONFIGS = {
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
     "registers_240": md.MosaicConfig(consumer_registers=240),  # not yet run on a GPU
-    "direct": md.MosaicConfig(design="direct"),  # not yet run on a GPU
+    # The direct design hung on the H200 with an earlier register split; not yet run since.
+    "direct": md.MosaicConfig(design="direct"),
 }
 # Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
 DESIGNS = {"staged": "default", "direct": "direct"}

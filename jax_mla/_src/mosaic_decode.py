@@ -56,7 +56,8 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "staged": this module's kernel (rows bulk-copied into shared memory, both consumers
   # dequantize). "direct": mosaic_direct's (the producer gathers and dequantizes from global
-  # memory, two K tiles, asymmetric consumers; lowers, not yet run on a GPU), which uses only
+  # memory, two K tiles, asymmetric consumers; lowers; hung on the H200 with an earlier
+  # register split, not run since), which uses only
   # min_split_entries, split_rule and approx_math of the fields below.
   design: str = "staged"
   num_stages: int = 2

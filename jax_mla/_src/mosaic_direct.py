@@ -1,6 +1,7 @@
 """The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
-memory and the three warpgroups overlap. EXPERIMENTAL: lowers (CI), not yet run on a GPU.
+memory and the three warpgroups overlap. EXPERIMENTAL: lowers (CI); its one GPU run hung, with
+register counts that asked for more than the launch allocates (since fixed, not run again).
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
 
