@@ -19,6 +19,16 @@ def _plgpu():
   return plgpu
 
 
+def initial_state():
+  """A consumer's (O [64, 256], m, l) before its first block: zeros, -inf, zeros."""
+  plgpu = _plgpu()
+  wgmma_layout = plgpu.Layout.WGMMA
+  row_layout = wgmma_layout.reduce(1)
+  return (plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout),
+          plgpu.layout_cast(jnp.full((BLOCK_ROWS,), -jnp.inf, jnp.float32), row_layout),
+          plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout))
+
+
 def softmax_step(s, base_entry, length, acc, m_i, l_i):
   """Scores s [64, block] (f32, WGMMA layout) of entries base_entry.. -> (p, acc rescaled,
   m, l) in the exp2 domain. Entries at or past `length` are masked out."""

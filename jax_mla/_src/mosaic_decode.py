@@ -296,10 +296,7 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         plgpu.barrier_arrive(k_free_bar)
       return acc, m_new, l_i
 
-    acc = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout)
-    m_i = plgpu.layout_cast(jnp.full((BLOCK_ROWS,), -jnp.inf, jnp.float32), row_layout)
-    l_i = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout)
-    acc, m_i, l_i = lax.fori_loop(0, steps, body, (acc, m_i, l_i))
+    acc, m_i, l_i = lax.fori_loop(0, steps, body, mosaic_consumer.initial_state())
 
     mosaic_consumer.write_results(acc, m_i, l_i, half=wg, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,

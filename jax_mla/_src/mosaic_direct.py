@@ -84,7 +84,6 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       plgpu.barrier_arrive(k_full.at[tile])
 
   wgmma_layout = plgpu.Layout.WGMMA
-  row_layout = wgmma_layout.reduce(1)
 
   def pv(acc, p, tile, half):
     def run(acc_ref):
@@ -103,10 +102,7 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       plgpu.barrier_arrive(k_free.at[tile])  # this consumer's MMAs on the tile are done
       return acc, m_i, l_i
 
-    acc = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS, HALF), jnp.float32), wgmma_layout)
-    m_i = plgpu.layout_cast(jnp.full((BLOCK_ROWS,), -jnp.inf, jnp.float32), row_layout)
-    l_i = plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout)
-    acc, m_i, l_i = lax.fori_loop(0, steps, step, (acc, m_i, l_i))
+    acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref)
