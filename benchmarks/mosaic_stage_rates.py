@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mla._src import mosaic_gather
+
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
           "chain_column_scales", "chain_synced", "gather")
@@ -48,7 +50,7 @@ def stage_kernel(stage, reps, num_ctas):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   wgmma_layout = plgpu.Layout.WGMMA
   upcast = plgpu.Layout.WGMMA_UPCAST_4X
-  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+  swizzled = mosaic_gather.k_tile_transforms()
 
   def body(out_ref, q_smem, k_smem, raw_smem, sync_bar):
     wg = lax.axis_index("wg")
@@ -141,7 +143,7 @@ def stage_kernel(stage, reps, num_ctas):
 
 def gather_kernel(reps, num_ctas):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  from jax_mla._src import mosaic_gather as mg  # pylint: disable=import-outside-toplevel
+  mg = mosaic_gather
 
   def body(kv_ref, rope_ref, idx_ref, out_ref, k_smem):
     cta = lax.axis_index("cta")

@@ -12,6 +12,7 @@ from jax import export
 
 from jax_mla._src import layout
 from jax_mla._src import mosaic_gather as mg
+from test_mosaic import GPU
 
 POOL = 4096
 
@@ -77,13 +78,8 @@ def test_lowers_for_cuda_on_any_machine():
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-def _hopper():
-  dev = jax.devices()[0]
-  return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="needs an sm90 (Hopper) GPU")
+@GPU
 @pytest.mark.parametrize("num_valid", [64, 37, 0])
 def test_matches_numpy_bit_for_bit(num_valid):
   rng = np.random.default_rng(num_valid)
@@ -99,7 +95,7 @@ def test_matches_numpy_bit_for_bit(num_valid):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="needs an sm90 (Hopper) GPU")
+@GPU
 def test_nan_scale_gives_nan_tile():
   rng = np.random.default_rng(7)
   kv, rope = random_pool(rng)

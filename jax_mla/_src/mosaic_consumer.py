@@ -8,10 +8,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mla._src import layout
 from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
 
-BLOCK_ROWS = 64
-HALF = 256
+BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
+HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
 
 
 def _plgpu():

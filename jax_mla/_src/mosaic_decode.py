@@ -35,13 +35,13 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_direct
+from jax_mla._src import mosaic_gather
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
 from jax_mla._src.kernel_math import e8m0_to_f32, split_chunks
+from jax_mla._src.mosaic_consumer import BLOCK_ROWS, HALF
 
-BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
-HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
 TILE = layout.TILE
 INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 # MosaicConfig.dequant_layout -> the plgpu.Layout the dequantization loads the staged rows in.
@@ -335,7 +335,7 @@ def _staged_kernel(config, splits):
   """This module's kernel and its shared-memory scratch."""
   plgpu = _plgpu()
   # 64-byte swizzle (tiles of 8 x 32 bf16). 128 measured 7% slower on the H200 (2026-12-03).
-  swizzled = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+  swizzled = mosaic_gather.k_tile_transforms()
   stages = config.num_stages
   scratch = dict(
       # Column halves [2, rows, 256]: each is one TMA box, one consumer's PV operand.

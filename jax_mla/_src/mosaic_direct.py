@@ -26,10 +26,9 @@ from jax.experimental import pallas as pl
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_gather
 from jax_mla._src.kernel_math import split_chunks
+from jax_mla._src.mosaic_consumer import BLOCK_ROWS, HALF
 
-BLOCK_ROWS = 64
-BLOCK_KV = 64
-HALF = 256
+BLOCK_KV = 64  # KV entries per step
 NUM_K_TILES = 2
 # setmaxnreg per role (multiples of 8). An increase draws only on what the CTA's other warps
 # released, so the sum stays at the launch's 3 x 168 = 504: the QK warpgroup holds S and half

@@ -170,10 +170,9 @@ def _emit_fill(kv, rope, idx, valid_count, k):
       col = num_tiles * layout.TILE + j * 8
       store16(k_address(col), [arith.select(valid, x, zero) for x in w])
 
-  is_first = arith.cmpi(arith.CmpIPredicate.eq, half, c32(0))
-  with mgpu_utils.when(is_first):
+  with mgpu_utils.when(arith.cmpi(arith.CmpIPredicate.eq, half, c32(0))):
     emit_half(0, 4, with_rope=False)
-  with mgpu_utils.when(arith.xori(is_first, mgpu_utils.c(1, ir.IntegerType.get_signless(1)))):
+  with mgpu_utils.when(arith.cmpi(arith.CmpIPredicate.ne, half, c32(0))):
     emit_half(4, layout.NUM_TILES - 4, with_rope=True)
 
 
