@@ -24,8 +24,10 @@ Stages (each per consumer warpgroup, both at once):
 - chain_synced: chain with the kernel's barrier between the two consumers after dequant (both
   wait for both halves of K), which keeps them in step.
 - gather: one warpgroup per CTA gathers and dequantizes a block of 64 random rows of a
-  65536-row pool from global memory into the K tile (mosaic_gather, FlashMLA's way), which
-  the kernel's producer would do per step instead of staging raw rows.
+  65536-row pool (--pool-rows) from global memory into the K tile (mosaic_gather, FlashMLA's way), which
+  the kernel's producer would do per step instead of staging raw rows. gather_rows: the same
+  with the one-row-per-thread mapping; gather_unconverted: the loads and stores without the
+  dequantization (wrong values).
 """
 
 import argparse
@@ -42,7 +44,10 @@ from jax_mla._src import mosaic_gather
 
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
-          "chain_column_scales", "chain_synced", "gather")
+          "chain_column_scales", "chain_synced", "gather", "gather_rows", "gather_unconverted")
+# The gather stages: (mosaic_gather mapping, math).
+GATHERS = {"gather": ("lines", "f32"), "gather_rows": ("rows", "f32"),
+           "gather_unconverted": ("lines", "none")}
 POOL = 65536
 
 
@@ -141,7 +146,7 @@ def stage_kernel(stage, reps, num_ctas):
                       compiler_params=plgpu.CompilerParams(approx_math=True))
 
 
-def gather_kernel(reps, num_ctas):
+def gather_kernel(reps, num_ctas, pool_rows=POOL, mapping="lines", math="f32"):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   mg = mosaic_gather
 
@@ -152,7 +157,7 @@ def gather_kernel(reps, num_ctas):
     def _block(i):
       block = lax.rem(i * num_ctas + cta, reps)
       mg.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(block * 64, 64)],
-                           jnp.int32(64), k_smem)
+                           jnp.int32(64), k_smem, mapping=mapping, math=math)
       plgpu.commit_smem()
     for h in range(2):
       plgpu.copy_smem_to_gmem(k_smem.at[h], out_ref.at[cta, h])
@@ -164,9 +169,9 @@ def gather_kernel(reps, num_ctas):
                                            transforms=mg.k_tile_transforms())),
       grid=(num_ctas,), grid_names=("cta",))
   key = jax.random.key(0)
-  kv = jax.random.randint(key, (POOL, 512), 0, 120, jnp.int32).astype(jnp.uint8)
-  rope = jnp.zeros((POOL, 64), jnp.bfloat16)
-  idx = jax.random.randint(key, (reps * 64,), 0, POOL, jnp.int32)
+  kv = jax.random.randint(key, (pool_rows, 512), 0, 120, jnp.int32).astype(jnp.uint8)
+  rope = jnp.zeros((pool_rows, 64), jnp.bfloat16)
+  idx = jax.random.randint(key, (reps * 64,), 0, pool_rows, jnp.int32)
   return jax.jit(kernel), (kv, rope, idx)
 
 
@@ -184,15 +189,17 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--stages", default=",".join(STAGES))
   ap.add_argument("--reps", type=int, default=512)
+  ap.add_argument("--pool-rows", type=int, default=POOL,
+                  help="the gather's pool; 65536 rows (40 MB) stay in the H200's L2, 2^20 do not")
   a = ap.parse_args()
   num_ctas = jax.devices()[0].core_count
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {num_ctas} CTAs x 2 "
         f"consumer warpgroups, R = {a.reps}")
   print("| stage | us per repetition | us at R | us at 2R |\n|---|---|---|---|")
   for stage in a.stages.split(","):
-    if stage == "gather":
-      (f1, args1) = gather_kernel(a.reps, num_ctas)
-      (f2, args2) = gather_kernel(2 * a.reps, num_ctas)
+    if stage in GATHERS:
+      (f1, args1) = gather_kernel(a.reps, num_ctas, a.pool_rows, *GATHERS[stage])
+      (f2, args2) = gather_kernel(2 * a.reps, num_ctas, a.pool_rows, *GATHERS[stage])
       one, two = lambda: f1(*args1), lambda: f2(*args2)
     else:
       one = jax.jit(stage_kernel(stage, a.reps, num_ctas))

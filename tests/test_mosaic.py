@@ -44,8 +44,9 @@ CONFIGS = {
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
     "registers_240": md.MosaicConfig(consumer_registers=240),  # not yet run on a GPU
-    # The direct design hung on the H200 with an earlier register split; not yet run since.
     "direct": md.MosaicConfig(design="direct"),
+    "direct_rows_gather": md.MosaicConfig(design="direct", gather_mapping="rows"),
+    "direct_unpadded_s": md.MosaicConfig(design="direct", s_padding=0),
 }
 # Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
 DESIGNS = {"staged": "default", "direct": "direct"}
@@ -112,6 +113,8 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
     (dict(design="flash"), r"design must be one of \('staged', 'direct'\), got 'flash'"),
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
+    (dict(gather_mapping="cols"), r"gather_mapping must be one of \('lines', 'rows'\), got 'cols'"),
+    (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
 def test_bad_config_values_raise(bad, match):

@@ -1,6 +1,7 @@
 """mosaic_gather: per-thread gathering and dequantization of packed rows into the swizzled K
 tile, against a numpy oracle (bit-exact); its lowering on any machine."""
 
+import functools
 import itertools
 
 import jax
@@ -17,12 +18,12 @@ from test_mosaic import GPU
 POOL = 4096
 
 
-def gather_tile(kv, rope, idx, num_valid):
+def gather_tile(kv, rope, idx, num_valid, mapping="lines"):
   """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   def body(kv_ref, rope_ref, idx_ref, n_ref, out_ref, k_smem):
-    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem)
+    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, mapping=mapping)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, out_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -54,6 +55,8 @@ def random_pool(rng):
   kv[:, :layout.NOPE_DIM][(kv[:, :layout.NOPE_DIM] & 0x7F) == 0x7F] = 0  # no fp8 NaN codes
   exps = rng.integers(100, 140, (POOL, layout.NUM_TILES)).astype(np.uint8)
   exps[1, 0], exps[2, 3], exps[3, 6] = 0, 254, 1  # extremes: 2^-127 (subnormal), 2^127, 2^-126
+  # Under 2^127 only fp8 values below 2 stay finite in bf16: clear their top exponent bit.
+  kv[2, 3 * layout.TILE:4 * layout.TILE] &= 0xBF
   kv[:, layout.SCALE_OFFSET:layout.PAD_OFFSET] = np.repeat(exps, 2, axis=1)
   rope = rng.standard_normal((POOL, layout.ROPE_DIM)).astype(ml_dtypes.bfloat16)
   return kv, rope
@@ -68,6 +71,53 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
   assert len(banks) == 8
 
 
+def lines_stores():
+  """Every 16-byte store of the "lines" mapping: (warp, lane, its address, the dims it writes),
+  in issue order per lane (rows, lines, then the RoPE piece)."""
+  stores = []
+  for warp, lane in itertools.product(range(4), range(32)):
+    row_in_group, piece, rope_piece = mg.lines_lane_work(lane)
+    for group in range(64 // 4 // mg.ROWS_PER_LOAD):
+      row = warp * 16 + group * mg.ROWS_PER_LOAD + row_in_group
+      for line in range(layout.NOPE_DIM // mg.LINE + 1):
+        if line * mg.LINE + piece * 16 >= layout.NOPE_DIM:
+          continue  # the last line's pieces past the fp8 data (scales, padding)
+        half, col = mg.lines_store_columns(piece, line)
+        for c in (col, col + 8):
+          stores.append((warp, lane, (group, line, c - col), mg.k_tile_offset(half, row, c),
+                         (row, half * mg.HALF + c)))
+      col = mg.ROPE_FIRST_COL + rope_piece * 8
+      stores.append((warp, lane, (group, "rope", 0), mg.k_tile_offset(1, row, col),
+                     (row, mg.HALF + col)))
+  return stores
+
+
+def test_lines_mapping_writes_every_chunk_once_and_the_right_dims():
+  stores = lines_stores()
+  assert sorted(s[3] for s in stores) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
+  # A piece's fp8 bytes are its dims: piece p of line j is dims 128 j + 16 p .. + 15.
+  for warp, lane, (group, line, second), _, (row, dim) in stores:
+    _, piece, rope_piece = mg.lines_lane_work(lane)
+    want = (layout.NOPE_DIM + rope_piece * 8 if line == "rope"
+            else line * mg.LINE + piece * 16 + second)
+    assert dim == want and row // 16 == warp
+
+
+def test_lines_mapping_stores_and_loads_without_conflicts():
+  by_instruction = {}
+  for warp, lane, step, address, _ in lines_stores():
+    by_instruction.setdefault((warp, step, lane // 8), []).append(address)
+  for quarter_warp in by_instruction.values():  # one wavefront of 16-byte stores
+    assert len(quarter_warp) == 8 and len({a % 128 // 16 for a in quarter_warp}) == 8
+  # Each warp-wide load reads four rows, eight 16-byte pieces of one 128-byte line each.
+  pieces = [mg.lines_lane_work(lane) for lane in range(32)]
+  for which in (1, 2):  # fp8 pieces, RoPE pieces
+    per_row = {}
+    for w in pieces:
+      per_row.setdefault(w[0], set()).add(w[which])
+    assert per_row == {r: set(range(8)) for r in range(4)}
+
+
 def test_lowers_for_cuda_on_any_machine():
   args = (jax.ShapeDtypeStruct((POOL, layout.ROW_BYTES), jnp.uint8),
           jax.ShapeDtypeStruct((POOL, layout.ROPE_DIM), jnp.bfloat16),
@@ -80,15 +130,17 @@ def test_lowers_for_cuda_on_any_machine():
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("mapping", mg.MAPPINGS)
 @pytest.mark.parametrize("num_valid", [64, 37, 0])
-def test_matches_numpy_bit_for_bit(num_valid):
+def test_matches_numpy_bit_for_bit(num_valid, mapping):
   rng = np.random.default_rng(num_valid)
   kv, rope = random_pool(rng)
   idx = rng.integers(0, POOL, 64).astype(np.int32)
   idx[:4] = [1, 2, 3, 1]  # the extreme scales, one row twice
   # Past num_valid the list holds an out-of-range index, which must not be read.
   idx[num_valid:] = 1 << 30
-  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([num_valid], np.int32)))
+  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping))(
+      kv, rope, idx, np.array([num_valid], np.int32)))
   want = oracle(kv, rope, idx, num_valid)
   assert np.isfinite(want.astype(np.float32)).all()
   assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
@@ -96,11 +148,13 @@ def test_matches_numpy_bit_for_bit(num_valid):
 
 @pytest.mark.gpu
 @GPU
-def test_nan_scale_gives_nan_tile():
+@pytest.mark.parametrize("mapping", mg.MAPPINGS)
+def test_nan_scale_gives_nan_tile(mapping):
   rng = np.random.default_rng(7)
   kv, rope = random_pool(rng)
   kv[5, layout.SCALE_OFFSET + 2 * 5:layout.SCALE_OFFSET + 2 * 5 + 2] = 255
   idx = np.full(64, 5, np.int32)
-  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([64], np.int32)), np.float32)
+  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping))(
+      kv, rope, idx, np.array([64], np.int32)), np.float32)
   assert np.isnan(got[1, :, 64:128]).all()  # tile 5 is columns 64..127 of the second half
   assert np.isfinite(got[1, :, :64]).all() and np.isfinite(got[0]).all()

@@ -56,10 +56,18 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "staged": this module's kernel (rows bulk-copied into shared memory, both consumers
   # dequantize). "direct": mosaic_direct's (the producer gathers and dequantizes from global
-  # memory, two K tiles, asymmetric consumers; lowers; hung on the H200 with an earlier
-  # register split, not run since), which uses only
-  # min_split_entries, split_rule and approx_math of the fields below.
+  # memory, two K tiles, asymmetric consumers; 10% faster than "staged" on the H200 at 128
+  # heads, B 64-128, 2026-12-03), which uses only min_split_entries, split_rule, approx_math,
+  # gather_mapping and s_padding of the fields below.
   design: str = "staged"
+  # The direct design's gather: mosaic_gather.MAPPINGS ("lines": whole 128-byte lines per
+  # warp-wide load; "rows": one row per thread, the first version).
+  gather_mapping: str = "lines"
+  # The direct design's S exchange: f32 columns of padding after each of S's 64 in shared
+  # memory. Unpadded, the eight rows a wgmma-layout store or load touches at once all start
+  # on the same bank (8-way conflicts); 8 columns put four rows on distinct banks per
+  # half-warp of 8-byte accesses.
+  s_padding: int = 8
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -372,6 +380,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                      f"got {config.split_rule!r}")
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
+  if config.gather_mapping not in mosaic_gather.MAPPINGS:
+    raise ValueError(f"MosaicConfig.gather_mapping must be one of {mosaic_gather.MAPPINGS}, "
+                     f"got {config.gather_mapping!r}")
+  if not 0 <= config.s_padding <= 32:
+    raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
     raise ValueError("MosaicConfig.consumer_registers must be a multiple of 8 in 224..240, "
                      f"got {config.consumer_registers!r}")
@@ -402,8 +415,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
   if config.design == "direct":
-    scratch = mosaic_direct.scratch_types()
-    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits)
+    scratch = mosaic_direct.scratch_types(config.s_padding)
+    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits,
+                               gather_mapping=config.gather_mapping)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

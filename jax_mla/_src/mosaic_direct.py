@@ -36,13 +36,13 @@ NUM_K_TILES = 2
 REGISTERS = {0: 192, 1: 160, 2: 152}
 
 
-def scratch_types():
+def scratch_types(s_padding=0):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   return dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.float32),
+      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32),
       q_bar=plgpu.Barrier(num_arrivals=2),
       k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
       k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES),
@@ -52,7 +52,8 @@ def scratch_types():
 
 
 def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits):
+           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits,
+           gather_mapping="lines"):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   row0 = lax.axis_index("rows") * BLOCK_ROWS
@@ -78,7 +79,7 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile])
+                                      num_valid, k_smem.at[tile], mapping=gather_mapping)
       plgpu.commit_smem()  # the stores, before wgmma reads the tile
       plgpu.barrier_arrive(k_full.at[tile])
 
@@ -126,7 +127,7 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       @pl.when(step > 0)
       def _wait_s_free():  # warpgroup 1 has read the previous S
         plgpu.barrier_wait(s_free)
-      s_smem[...] = s
+      s_smem[:, pl.ds(0, BLOCK_KV)] = s
       plgpu.barrier_arrive(s_full)
       return s
 
@@ -139,7 +140,8 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
     def scores(step, tile):
       del step, tile  # warpgroup 0 waited for the tile before publishing S
       plgpu.barrier_wait(s_full)
-      s = plgpu.load(s_smem, (), layout=wgmma_layout, optimized=False)
+      s = plgpu.load(s_smem.at[:, pl.ds(0, BLOCK_KV)], (), layout=wgmma_layout,
+                     optimized=False)
       plgpu.barrier_arrive(s_free)
       return s
 

@@ -1,0 +1,101 @@
+"""Where the direct Mosaic kernel's time goes: the whole kernel against copies of it with one
+part removed. Needs an sm90 GPU.
+
+Usage: python benchmarks/mosaic_direct_ablation.py [--ablations full,no_gather,...]
+
+Each ablation swaps one function of the kernel's modules for a stand-in while the kernel is
+traced, so it is the same kernel with that part missing; the outputs are garbage and are not
+checked (the full kernel's are, by tests/test_mosaic.py). Ablations:
+- full: the kernel as it is.
+- no_gather: the producer fills nothing (its barriers run as before): the consumers' bound.
+- no_softmax: P = S, the running max and sum untouched.
+- no_mma: no wgmma at all (QK and PV): the producer's and the softmax's bound.
+- gather_only: no wgmma and no softmax.
+- no_s_exchange: warpgroup 1 does not read S from shared memory (zeros; the barriers run).
+Times are us per call of gpu_decode.py's jitted loop (30 calls, changing indices, median of
+interleaved rounds), 128 heads, one token per sequence.
+"""
+
+import argparse
+import contextlib
+import statistics
+
+import jax
+
+import gpu_decode as gd
+from jax_mla._src import mosaic_consumer, mosaic_decode, mosaic_gather
+
+ABLATIONS = ("full", "no_gather", "no_softmax", "no_mma", "gather_only", "no_s_exchange")
+
+
+@contextlib.contextmanager
+def patched(obj, name, value):
+  old = getattr(obj, name)
+  setattr(obj, name, value)
+  try:
+    yield
+  finally:
+    setattr(obj, name, old)
+
+
+def _no_softmax(s, base_entry, length, acc, m_i, l_i):
+  del base_entry, length
+  return s, acc, m_i, l_i
+
+
+def ablation(name):
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  stack = contextlib.ExitStack()
+  parts = {"no_gather": ["gather"], "no_softmax": ["softmax"], "no_mma": ["mma"],
+           "gather_only": ["mma", "softmax"], "no_s_exchange": ["s_exchange"]}.get(name, [])
+  if "gather" in parts:
+    stack.enter_context(patched(mosaic_gather, "gather_dequantize", lambda *a, **k: None))
+  if "softmax" in parts:
+    stack.enter_context(patched(mosaic_consumer, "softmax_step", _no_softmax))
+  if "mma" in parts:
+    stack.enter_context(patched(plgpu, "wgmma", lambda *a, **k: None))
+  if "s_exchange" in parts:
+    def load_zeros(ref, idx, *, layout, optimized=True):
+      del idx, optimized
+      return plgpu.layout_cast(jax.numpy.zeros(ref.shape, ref.dtype), layout)
+    # Warpgroup 1 reads zeros (so does the sink load of one-split calls); warpgroup 0's
+    # store of S stays, without its reader.
+    stack.enter_context(patched(plgpu, "load", load_zeros))
+  return stack
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--ablations", default=",".join(ABLATIONS))
+  ap.add_argument("--batches", default="64,128")
+  ap.add_argument("--kv-len", type=int, default=2048)
+  ap.add_argument("--steps", type=int, default=30)
+  ap.add_argument("--rounds", type=int, default=5)
+  a = ap.parse_args()
+  cfg = mosaic_decode.MosaicConfig(design="direct")
+  names = a.ablations.split(",")
+  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
+  print("| B | K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+  for batch in (int(b) for b in a.batches.split(",")):
+    p = gd.make_problem(jax.random.key(0), batch=batch, heads=128, tokens_per_seq=1,
+                        kv_len=a.kv_len)
+    runs = {}
+    for name in names:
+      def f(p, idx):
+        return mosaic_decode.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
+                                           p["indptr"], idx.reshape(-1), p["sink"],
+                                           tokens_per_seq=1, config=cfg)[0]
+      run = gd.looped(f, a.steps)
+      with ablation(name):
+        jax.block_until_ready(run(p))  # traces and compiles under the stand-in
+      runs[name] = run
+    times = {name: [] for name in names}
+    for _ in range(a.rounds):
+      for name in names:
+        times[name].append(gd.time_once(runs[name], p, a.steps))
+    print(f"| {batch} | {a.kv_len} | "
+          + " | ".join(f"{statistics.median(times[n]):.1f}" for n in names) + " |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
