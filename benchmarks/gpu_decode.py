@@ -10,7 +10,7 @@ reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
 mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_long_splits,
 mosaic_fill, mosaic_column_scales, mosaic_registers_240,
 mosaic_column_scales_240, mosaic_direct, mosaic_direct_rows, mosaic_direct_unpadded,
-mosaic_direct_first; benchmarks/NOTES-pallas.md says what each is).
+mosaic_direct_bf16, mosaic_direct_first; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -156,6 +156,7 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
                 "mosaic_direct": {"design": "direct"},
                 "mosaic_direct_rows": {"design": "direct", "gather_mapping": "rows"},
                 "mosaic_direct_unpadded": {"design": "direct", "s_padding": 0},
+                "mosaic_direct_bf16": {"design": "direct", "gather_math": "bf16"},
                 "mosaic_direct_first": {"design": "direct", "gather_mapping": "rows",
                                         "s_padding": 0}}
 

@@ -27,7 +27,7 @@ Stages (each per consumer warpgroup, both at once):
   65536-row pool (--pool-rows) from global memory into the K tile (mosaic_gather, FlashMLA's way), which
   the kernel's producer would do per step instead of staging raw rows. gather_rows: the same
   with the one-row-per-thread mapping; gather_unconverted: the loads and stores without the
-  dequantization (wrong values).
+  dequantization (wrong values); gather_bf16: with the bf16x2 dequantization arithmetic.
 """
 
 import argparse
@@ -44,10 +44,11 @@ from jax_mla._src import mosaic_gather
 
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
-          "chain_column_scales", "chain_synced", "gather", "gather_rows", "gather_unconverted")
+          "chain_column_scales", "chain_synced", "gather", "gather_rows", "gather_unconverted",
+          "gather_bf16")
 # The gather stages: (mosaic_gather mapping, math).
 GATHERS = {"gather": ("lines", "f32"), "gather_rows": ("rows", "f32"),
-           "gather_unconverted": ("lines", "none")}
+           "gather_unconverted": ("lines", "none"), "gather_bf16": ("lines", "bf16")}
 POOL = 65536
 
 

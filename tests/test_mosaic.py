@@ -47,6 +47,7 @@ CONFIGS = {
     "direct": md.MosaicConfig(design="direct"),
     "direct_rows_gather": md.MosaicConfig(design="direct", gather_mapping="rows"),
     "direct_unpadded_s": md.MosaicConfig(design="direct", s_padding=0),
+    "direct_bf16_math": md.MosaicConfig(design="direct", gather_math="bf16"),
 }
 # Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
 DESIGNS = {"staged": "default", "direct": "direct"}
@@ -115,6 +116,7 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(gather_mapping="cols"), r"gather_mapping must be one of \('lines', 'rows'\), got 'cols'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
+    (dict(gather_math="none"), r"gather_math must be 'f32' or 'bf16', got 'none'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
 def test_bad_config_values_raise(bad, match):

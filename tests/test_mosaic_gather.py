@@ -18,12 +18,13 @@ from test_mosaic import GPU
 POOL = 4096
 
 
-def gather_tile(kv, rope, idx, num_valid, mapping="lines"):
+def gather_tile(kv, rope, idx, num_valid, mapping="lines", math="f32"):
   """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   def body(kv_ref, rope_ref, idx_ref, n_ref, out_ref, k_smem):
-    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, mapping=mapping)
+    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, mapping=mapping,
+                         math=math)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, out_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -118,28 +119,33 @@ def test_lines_mapping_stores_and_loads_without_conflicts():
     assert per_row == {r: set(range(8)) for r in range(4)}
 
 
-def test_lowers_for_cuda_on_any_machine():
+@pytest.mark.parametrize("math", mg.MATHS)
+def test_lowers_for_cuda_on_any_machine(math):
   args = (jax.ShapeDtypeStruct((POOL, layout.ROW_BYTES), jnp.uint8),
           jax.ShapeDtypeStruct((POOL, layout.ROPE_DIM), jnp.bfloat16),
           jax.ShapeDtypeStruct((64,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
   exported = export.export(
-      jax.jit(gather_tile), platforms=["cuda"],
+      jax.jit(functools.partial(gather_tile, math=math)), platforms=["cuda"],
       disabled_checks=[export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*args)
   assert "mosaic_gpu" in exported.mlir_module()
 
 
+# Each mapping with the f32 math, and the default mapping with the bf16 math.
+MAPPING_MATH = [("lines", "f32"), ("rows", "f32"), ("lines", "bf16")]
+
+
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("mapping", mg.MAPPINGS)
+@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
 @pytest.mark.parametrize("num_valid", [64, 37, 0])
-def test_matches_numpy_bit_for_bit(num_valid, mapping):
+def test_matches_numpy_bit_for_bit(num_valid, mapping, math):
   rng = np.random.default_rng(num_valid)
   kv, rope = random_pool(rng)
   idx = rng.integers(0, POOL, 64).astype(np.int32)
   idx[:4] = [1, 2, 3, 1]  # the extreme scales, one row twice
   # Past num_valid the list holds an out-of-range index, which must not be read.
   idx[num_valid:] = 1 << 30
-  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping))(
+  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
       kv, rope, idx, np.array([num_valid], np.int32)))
   want = oracle(kv, rope, idx, num_valid)
   assert np.isfinite(want.astype(np.float32)).all()
@@ -148,13 +154,30 @@ def test_matches_numpy_bit_for_bit(num_valid, mapping):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("mapping", mg.MAPPINGS)
-def test_nan_scale_gives_nan_tile(mapping):
+@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
+def test_nan_scale_gives_nan_tile(mapping, math):
   rng = np.random.default_rng(7)
   kv, rope = random_pool(rng)
   kv[5, layout.SCALE_OFFSET + 2 * 5:layout.SCALE_OFFSET + 2 * 5 + 2] = 255
   idx = np.full(64, 5, np.int32)
-  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping))(
+  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
       kv, rope, idx, np.array([64], np.int32)), np.float32)
   assert np.isnan(got[1, :, 64:128]).all()  # tile 5 is columns 64..127 of the second half
   assert np.isfinite(got[1, :, :64]).all() and np.isfinite(got[0]).all()
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
+def test_fp8_nan_codes_give_nan_and_nothing_else(mapping, math):
+  rng = np.random.default_rng(11)
+  kv, rope = random_pool(rng)
+  kv[9, [0, 77, 300, 447]] = [0x7F, 0xFF, 0x7F, 0xFF]  # e4m3's two NaN codes, in three tiles
+  idx = np.full(64, 9, np.int32)
+  idx[1::2] = 10
+  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
+      kv, rope, idx, np.array([64], np.int32)), np.float32)
+  full = np.concatenate([got[0], got[1]], axis=1)  # [64 rows, 512 dims]
+  want_nan = np.zeros_like(full, bool)
+  want_nan[0::2][:, [0, 77, 300, 447]] = True
+  assert (np.isnan(full) == want_nan).all()

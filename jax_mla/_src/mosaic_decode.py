@@ -58,11 +58,14 @@ class MosaicConfig:
   # dequantize). "direct": mosaic_direct's (the producer gathers and dequantizes from global
   # memory, two K tiles, asymmetric consumers; 10% faster than "staged" on the H200 at 128
   # heads, B 64-128, 2026-12-03), which uses only min_split_entries, split_rule, approx_math,
-  # gather_mapping and s_padding of the fields below.
+  # gather_mapping, gather_math and s_padding of the fields below.
   design: str = "staged"
   # The direct design's gather: mosaic_gather.MAPPINGS ("lines": whole 128-byte lines per
   # warp-wide load; "rows": one row per thread, the first version).
   gather_mapping: str = "lines"
+  # The direct design's dequantization arithmetic: mosaic_gather.MATHS ("f32", or "bf16": the
+  # same values with fewer conversion instructions; not "none", which is for benchmarks).
+  gather_math: str = "f32"
   # The direct design's S exchange: f32 columns of padding after each of S's 64 in shared
   # memory. Unpadded, the eight rows a wgmma-layout store or load touches at once all start
   # on the same bank (8-way conflicts); 8 columns put four rows on distinct banks per
@@ -383,6 +386,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.gather_mapping not in mosaic_gather.MAPPINGS:
     raise ValueError(f"MosaicConfig.gather_mapping must be one of {mosaic_gather.MAPPINGS}, "
                      f"got {config.gather_mapping!r}")
+  if config.gather_math not in ("f32", "bf16"):
+    raise ValueError(f"MosaicConfig.gather_math must be 'f32' or 'bf16', got {config.gather_math!r}")
   if not 0 <= config.s_padding <= 32:
     raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
@@ -417,7 +422,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.design == "direct":
     scratch = mosaic_direct.scratch_types(config.s_padding)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits,
-                               gather_mapping=config.gather_mapping)
+                               gather_mapping=config.gather_mapping,
+                               gather_math=config.gather_math)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

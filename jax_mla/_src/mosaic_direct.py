@@ -53,7 +53,7 @@ def scratch_types(s_padding=0):
 
 def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
            q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits,
-           gather_mapping="lines"):
+           gather_mapping="lines", gather_math="f32"):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   row0 = lax.axis_index("rows") * BLOCK_ROWS
@@ -79,7 +79,8 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile], mapping=gather_mapping)
+                                      num_valid, k_smem.at[tile], mapping=gather_mapping,
+                                      math=gather_math)
       plgpu.commit_smem()  # the stores, before wgmma reads the tile
       plgpu.barrier_arrive(k_full.at[tile])
 

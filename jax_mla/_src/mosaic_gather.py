@@ -44,7 +44,7 @@ def k_tile_offset(half, row, col):
 
 
 MAPPINGS = ("lines", "rows")
-MATHS = ("f32", "none")
+MATHS = ("f32", "bf16", "none")
 
 
 def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, mapping="lines",
@@ -58,8 +58,10 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, mapping="
   instruction of a warp reads four rows' 128-byte lines whole, and each quarter-warp stores
   into eight distinct bank groups. "rows": one row per thread, so each load instruction
   touches 32 lines and relies on L1 to keep them between a thread's successive loads.
-  math: "f32" the dequantization; "none" stores the fp8 words unconverted (wrong values: for
-  measuring what the conversion costs, benchmarks/mosaic_stage_rates.py)."""
+  math: "f32" the dequantization in f32 (fp8 -> f16 -> f32, times the scale, -> bf16);
+  "bf16" the same values from bit shifts and bf16x2 multiplies (fewer conversions); "none"
+  stores the fp8 words unconverted (wrong values: for measuring what the conversion costs,
+  benchmarks/mosaic_stage_rates.py)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if mapping not in MAPPINGS:
     raise ValueError(f"mapping must be one of {MAPPINGS}, got {mapping!r}")
@@ -126,21 +128,59 @@ def _emit_fill(kv, rope, idx, valid_count, k, mapping, math):
       cvt.rn.bf16x2.f32 $1, f3, f2;
     }""", "=r,=r,r,f")
 
-  def e8m0_scale(byte):
-    """2^(byte - 127) as f32, with byte 0 the subnormal 2^-127 and 255 NaN (kernel_math's
-    e8m0_to_f32)."""
-    bits = arith.shli(byte, c32(23))
-    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(0x00400000), bits)
-    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(0x7FC00000),
+  def fp8x4_to_bf16_packed(word, scale_pair):
+    """The same in bf16x2 math, off the conversion units but for the one fp8 conversion:
+    an e4m3 value is a normal f16 (or zero) with 3 mantissa bits, so its f16 bits shifted
+    right by 3 (sign kept) are a bf16 of value * 2^-112, exact; two exact-or-once-rounded
+    bf16 multiplies by 2^112 and by the scale (a bf16 pair) follow, and NaN halves (e4m3's
+    0x7f / 0xff, which the shift makes finite) are set back to NaN."""
+    return asm(2, [word, scale_pair], """{
+      .reg .b16 lo, hi;
+      .reg .b32 a, b, sa, sb, na, nb, up;
+      mov.b32 {lo, hi}, $2;
+      mov.b32 up, 0x77807780;
+      cvt.rn.f16x2.e4m3x2 a, lo;
+      cvt.rn.f16x2.e4m3x2 b, hi;
+      set.nan.u32.f16x2 na, a, a;
+      set.nan.u32.f16x2 nb, b, b;
+      and.b32 sa, a, 0x80008000;
+      and.b32 sb, b, 0x80008000;
+      shr.b32 a, a, 3;
+      shr.b32 b, b, 3;
+      and.b32 a, a, 0x0FFF0FFF;
+      and.b32 b, b, 0x0FFF0FFF;
+      or.b32 a, a, sa;
+      or.b32 b, b, sb;
+      mul.rn.bf16x2 a, a, up;
+      mul.rn.bf16x2 b, b, up;
+      mul.rn.bf16x2 a, a, $3;
+      mul.rn.bf16x2 b, b, $3;
+      or.b32 $0, a, na;
+      or.b32 $1, b, nb;
+    }""", "=r,=r,r,r")
+
+  def e8m0_bits(byte, exponent_shift, subnormal_half, nan):
+    """2^(byte - 127) as the bits of a float whose exponent starts at bit exponent_shift, with
+    byte 0 the subnormal 2^-127 and 255 NaN (kernel_math's e8m0_to_f32)."""
+    bits = arith.shli(byte, c32(exponent_shift))
+    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(subnormal_half),
                         bits)
-    return arith.bitcast(f32, bits)
+    return arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(nan), bits)
+
+  def e8m0_scale(byte):
+    """The scale as the conversion's second operand: an f32, or a pair of bf16."""
+    if math == "bf16":
+      bits = e8m0_bits(byte, 7, 0x0040, 0x7FC0)
+      return arith.ori(bits, arith.shli(bits, c32(16)))
+    return arith.bitcast(f32, e8m0_bits(byte, 23, 0x00400000, 0x7FC00000))
 
   def dequantize16(words, scale, valid):
     """One 16-byte load of fp8 (four words) -> eight words of bf16, zeros for invalid rows."""
     if math == "none":
       out = list(words) * 2
     else:
-      out = [o for w in words for o in fp8x4_to_bf16(w, scale)]
+      convert = fp8x4_to_bf16_packed if math == "bf16" else fp8x4_to_bf16
+      out = [o for w in words for o in convert(w, scale)]
     return [arith.select(valid, o, zero) for o in out]
 
   def tile_scale(scales, tile):
