@@ -6,11 +6,8 @@ Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-qu
          [--out benchmarks/results/NAME]
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
-reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic,
-mosaic_wgmma, mosaic_duplicated_qk, mosaic_one_thread, mosaic_exact, mosaic_long_splits,
-mosaic_fill, mosaic_column_scales, mosaic_registers_240,
-mosaic_column_scales_240, mosaic_direct, mosaic_direct_rows, mosaic_direct_unpadded,
-mosaic_direct_bf16, mosaic_direct_first; benchmarks/NOTES-pallas.md says what each is).
+reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic, the default
+config, and variants of it; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -143,22 +140,20 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
   raise ValueError(impl)
 
 
-# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name.
-MOSAIC_IMPLS = {"mosaic": {}, "mosaic_wgmma": {"dequant_layout": "wgmma"},
-                "mosaic_duplicated_qk": {"split_qk": False},
-                "mosaic_one_thread": {"producer_warps": False},
-                "mosaic_exact": {"approx_math": False},
-                "mosaic_long_splits": {"min_split_entries": 256},
+# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name. Since
+# 2026-12-03 "mosaic" is the direct design; the results of earlier sessions call the staged
+# design "mosaic" and its variants by the names below without "staged_".
+_STAGED = {"design": "staged"}
+MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_fill": {"split_rule": "fill"},
-                "mosaic_column_scales": {"column_scales": True},
-                "mosaic_registers_240": {"consumer_registers": 240},
-                "mosaic_column_scales_240": {"column_scales": True, "consumer_registers": 240},
-                "mosaic_direct": {"design": "direct"},
-                "mosaic_direct_rows": {"design": "direct", "gather_mapping": "rows"},
-                "mosaic_direct_unpadded": {"design": "direct", "s_padding": 0},
-                "mosaic_direct_bf16": {"design": "direct", "gather_math": "bf16"},
-                "mosaic_direct_first": {"design": "direct", "gather_mapping": "rows",
-                                        "s_padding": 0}}
+                "mosaic_exact": {"approx_math": False},
+                "mosaic_staged": _STAGED,
+                "mosaic_staged_wgmma": {**_STAGED, "dequant_layout": "wgmma"},
+                "mosaic_staged_duplicated_qk": {**_STAGED, "split_qk": False},
+                "mosaic_staged_one_thread": {**_STAGED, "producer_warps": False},
+                "mosaic_staged_long_splits": {**_STAGED, "min_split_entries": 256},
+                "mosaic_staged_column_scales": {**_STAGED, "column_scales": True},
+                "mosaic_staged_registers_240": {**_STAGED, "consumer_registers": 240}}
 
 
 def looped(f, steps):

@@ -1,4 +1,4 @@
-"""Where the direct Mosaic kernel's time goes: the whole kernel against copies of it with one
+"""Where the direct Mosaic kernel's (MosaicConfig's default design) time goes: the whole kernel against copies of it with one
 part removed. Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_direct_ablation.py [--ablations full,no_gather,...]
@@ -72,7 +72,7 @@ def main():
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--rounds", type=int, default=5)
   a = ap.parse_args()
-  cfg = mosaic_decode.MosaicConfig(design="direct")
+  cfg = mosaic_decode.MosaicConfig(design="direct")  # the default, named
   names = a.ablations.split(",")
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
   print("| B | K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))

@@ -1,10 +1,12 @@
-"""Where the Mosaic GPU decode kernel spends its time: one profiled call, summarized per
-warpgroup role and named region (waits, dequantize, qk, softmax, pv, issue). Needs an sm90 GPU.
+"""Where the Mosaic GPU decode kernel's staged design spends its time: one profiled call,
+summarized per warpgroup role and named region (waits, dequantize, qk, softmax, pv, issue).
+Needs an sm90 GPU. (The direct design has no profiled regions: benchmarks/
+mosaic_direct_ablation.py times it with parts removed instead.)
 
 Usage: python benchmarks/mosaic_profile.py [--batch 64] [--heads 128] [--kv-len 2048]
-                                           [--impl mosaic] [--out results/NAME]
+                                           [--impl mosaic_staged] [--out results/NAME]
 
---impl names a kernel variant of gpu_decode.MOSAIC_IMPLS. Keep --out files under
+--impl names a staged variant of gpu_decode.MOSAIC_IMPLS. Keep --out files under
 benchmarks/results/profiles/ (benchmarks/results/*.json are timing tables, one schema). The
 profiler's records take shared memory (16 bytes per region, step and warpgroup): with split_qk
 (the default) use --kv-len 512 or less.
@@ -37,7 +39,8 @@ def main():
   ap.add_argument("--heads", type=int, default=128)
   ap.add_argument("--tokens-per-seq", type=int, default=1)
   ap.add_argument("--kv-len", type=int, default=2048)
-  ap.add_argument("--impl", default="mosaic", choices=sorted(MOSAIC_IMPLS))
+  ap.add_argument("--impl", default="mosaic_staged",
+                  choices=sorted(n for n, c in MOSAIC_IMPLS.items() if c.get("design") == "staged"))
   ap.add_argument("--out", default="", help="also write the summary as OUT.json and the trace")
   a = ap.parse_args()
   p = make_problem(jax.random.PRNGKey(0), batch=a.batch, heads=a.heads,

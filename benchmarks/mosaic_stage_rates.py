@@ -1,4 +1,4 @@
-"""How fast each consumer stage of the Mosaic decode kernel runs alone. Needs an sm90 GPU.
+"""How fast each stage of the Mosaic decode kernel runs alone. Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_stage_rates.py [--stages qk_split,qk_full,pv,dequant,softmax]
 
@@ -24,10 +24,11 @@ Stages (each per consumer warpgroup, both at once):
 - chain_synced: chain with the kernel's barrier between the two consumers after dequant (both
   wait for both halves of K), which keeps them in step.
 - gather: one warpgroup per CTA gathers and dequantizes a block of 64 random rows of a
-  65536-row pool (--pool-rows) from global memory into the K tile (mosaic_gather, FlashMLA's way), which
-  the kernel's producer would do per step instead of staging raw rows. gather_rows: the same
-  with the one-row-per-thread mapping; gather_unconverted: the loads and stores without the
-  dequantization (wrong values); gather_bf16: with the bf16x2 dequantization arithmetic.
+  65536-row pool (--pool-rows) from global memory into the K tile (mosaic_gather), which the
+  direct design's producer does per step. gather_unconverted: its loads and stores without the
+  dequantization (wrong values).
+
+The other stages are the staged design's (MosaicConfig(design="staged")).
 """
 
 import argparse
@@ -44,11 +45,8 @@ from jax_mla._src import mosaic_gather
 
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
-          "chain_column_scales", "chain_synced", "gather", "gather_rows", "gather_unconverted",
-          "gather_bf16")
-# The gather stages: (mosaic_gather mapping, math).
-GATHERS = {"gather": ("lines", "f32"), "gather_rows": ("rows", "f32"),
-           "gather_unconverted": ("lines", "none"), "gather_bf16": ("lines", "bf16")}
+          "chain_column_scales", "chain_synced", "gather", "gather_unconverted")
+GATHERS = {"gather": "f32", "gather_unconverted": "none"}  # mosaic_gather's math
 POOL = 65536
 
 
@@ -147,7 +145,7 @@ def stage_kernel(stage, reps, num_ctas):
                       compiler_params=plgpu.CompilerParams(approx_math=True))
 
 
-def gather_kernel(reps, num_ctas, pool_rows=POOL, mapping="lines", math="f32"):
+def gather_kernel(reps, num_ctas, pool_rows=POOL, math="f32"):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   mg = mosaic_gather
 
@@ -158,7 +156,7 @@ def gather_kernel(reps, num_ctas, pool_rows=POOL, mapping="lines", math="f32"):
     def _block(i):
       block = lax.rem(i * num_ctas + cta, reps)
       mg.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(block * 64, 64)],
-                           jnp.int32(64), k_smem, mapping=mapping, math=math)
+                           jnp.int32(64), k_smem, math=math)
       plgpu.commit_smem()
     for h in range(2):
       plgpu.copy_smem_to_gmem(k_smem.at[h], out_ref.at[cta, h])
@@ -199,8 +197,8 @@ def main():
   print("| stage | us per repetition | us at R | us at 2R |\n|---|---|---|---|")
   for stage in a.stages.split(","):
     if stage in GATHERS:
-      (f1, args1) = gather_kernel(a.reps, num_ctas, a.pool_rows, *GATHERS[stage])
-      (f2, args2) = gather_kernel(2 * a.reps, num_ctas, a.pool_rows, *GATHERS[stage])
+      (f1, args1) = gather_kernel(a.reps, num_ctas, a.pool_rows, GATHERS[stage])
+      (f2, args2) = gather_kernel(2 * a.reps, num_ctas, a.pool_rows, GATHERS[stage])
       one, two = lambda: f1(*args1), lambda: f2(*args2)
     else:
       one = jax.jit(stage_kernel(stage, a.reps, num_ctas))

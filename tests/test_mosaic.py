@@ -36,21 +36,21 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 
 # The kernel's variants (see MosaicConfig). The first is the default.
 CONFIGS = {
-    "default": md.MosaicConfig(),
-    "wgmma_layout": md.MosaicConfig(dequant_layout="wgmma"),
-    "duplicated_qk": md.MosaicConfig(split_qk=False),
-    "one_issuing_thread": md.MosaicConfig(producer_warps=False),
-    "exact_math": md.MosaicConfig(approx_math=False),
+    "default": md.MosaicConfig(),  # the direct design
+    "unpadded_s": md.MosaicConfig(s_padding=0),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
-    "column_scales": md.MosaicConfig(column_scales=True),  # not yet run on a GPU
-    "registers_240": md.MosaicConfig(consumer_registers=240),  # not yet run on a GPU
-    "direct": md.MosaicConfig(design="direct"),
-    "direct_rows_gather": md.MosaicConfig(design="direct", gather_mapping="rows"),
-    "direct_unpadded_s": md.MosaicConfig(design="direct", s_padding=0),
-    "direct_bf16_math": md.MosaicConfig(design="direct", gather_math="bf16"),
+    "exact_math": md.MosaicConfig(approx_math=False),
+    "staged": md.MosaicConfig(design="staged"),
+    "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
+    "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
+    "staged_one_issuing_thread": md.MosaicConfig(design="staged", producer_warps=False),
+    "staged_exact_math": md.MosaicConfig(design="staged", approx_math=False),
+    # not yet run on a GPU:
+    "staged_column_scales": md.MosaicConfig(design="staged", column_scales=True),
+    "staged_registers_240": md.MosaicConfig(design="staged", consumer_registers=240),
 }
 # Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
-DESIGNS = {"staged": "default", "direct": "direct"}
+DESIGNS = {"direct": "default", "staged": "staged"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,15 +88,15 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
-  """The profiler's records (benchmarks/mosaic_profile.py) fit beside the default kernel for 8
+def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
+  """The profiler's records (benchmarks/mosaic_profile.py) fit beside the staged kernel for 8
   steps of 64 entries; 9 do not. Mosaic checks shared memory while lowering, on any machine;
   a CPU lowering of the profiled kernel then stops at its host callback, after that check."""
   args = abstract_args(make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2],
                                   sink=0.3))
 
   def lowering_error(steps):
-    config = md.MosaicConfig(profile_dir="/tmp/unused", profile_steps=steps)
+    config = md.MosaicConfig(design="staged", profile_dir="/tmp/unused", profile_steps=steps)
     fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=1,
                                    config=config))
     try:
@@ -111,13 +111,12 @@ def test_profiling_the_default_fits_shared_memory_up_to_kv_512():
 
 @pytest.mark.parametrize("bad,match", [
     (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
-    (dict(design="flash"), r"design must be one of \('staged', 'direct'\), got 'flash'"),
+    (dict(design="flash"), r"design must be one of \('direct', 'staged'\), got 'flash'"),
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
-    (dict(gather_mapping="cols"), r"gather_mapping must be one of \('lines', 'rows'\), got 'cols'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
-    (dict(gather_math="none"), r"gather_math must be 'f32' or 'bf16', got 'none'"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
+    (dict(profile_dir="/tmp/x", profile_steps=4), "only the staged design has profiled regions"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
 def test_bad_config_values_raise(bad, match):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])

@@ -18,13 +18,12 @@ from test_mosaic import GPU
 POOL = 4096
 
 
-def gather_tile(kv, rope, idx, num_valid, mapping="lines", math="f32"):
+def gather_tile(kv, rope, idx, num_valid, math="f32"):
   """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   def body(kv_ref, rope_ref, idx_ref, n_ref, out_ref, k_smem):
-    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, mapping=mapping,
-                         math=math)
+    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, math=math)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, out_ref)
     plgpu.wait_smem_to_gmem(0)
@@ -72,18 +71,18 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
   assert len(banks) == 8
 
 
-def lines_stores():
-  """Every 16-byte store of the "lines" mapping: (warp, lane, its address, the dims it writes),
+def all_stores():
+  """Every 16-byte store of gather_dequantize's work split: (warp, lane, its address, the dims it writes),
   in issue order per lane (rows, lines, then the RoPE piece)."""
   stores = []
   for warp, lane in itertools.product(range(4), range(32)):
-    row_in_group, piece, rope_piece = mg.lines_lane_work(lane)
+    row_in_group, piece, rope_piece = mg.lane_work(lane)
     for group in range(64 // 4 // mg.ROWS_PER_LOAD):
       row = warp * 16 + group * mg.ROWS_PER_LOAD + row_in_group
-      for line in range(layout.NOPE_DIM // mg.LINE + 1):
+      for line in range(mg.FP8_LINES):
         if line * mg.LINE + piece * 16 >= layout.NOPE_DIM:
           continue  # the last line's pieces past the fp8 data (scales, padding)
-        half, col = mg.lines_store_columns(piece, line)
+        half, col = mg.fp8_store_columns(piece, line)
         for c in (col, col + 8):
           stores.append((warp, lane, (group, line, c - col), mg.k_tile_offset(half, row, c),
                          (row, half * mg.HALF + c)))
@@ -93,25 +92,25 @@ def lines_stores():
   return stores
 
 
-def test_lines_mapping_writes_every_chunk_once_and_the_right_dims():
-  stores = lines_stores()
+def test_work_split_writes_every_chunk_once_and_the_right_dims():
+  stores = all_stores()
   assert sorted(s[3] for s in stores) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
   # A piece's fp8 bytes are its dims: piece p of line j is dims 128 j + 16 p .. + 15.
   for warp, lane, (group, line, second), _, (row, dim) in stores:
-    _, piece, rope_piece = mg.lines_lane_work(lane)
+    _, piece, rope_piece = mg.lane_work(lane)
     want = (layout.NOPE_DIM + rope_piece * 8 if line == "rope"
             else line * mg.LINE + piece * 16 + second)
     assert dim == want and row // 16 == warp
 
 
-def test_lines_mapping_stores_and_loads_without_conflicts():
+def test_work_split_stores_and_loads_without_conflicts():
   by_instruction = {}
-  for warp, lane, step, address, _ in lines_stores():
+  for warp, lane, step, address, _ in all_stores():
     by_instruction.setdefault((warp, step, lane // 8), []).append(address)
   for quarter_warp in by_instruction.values():  # one wavefront of 16-byte stores
     assert len(quarter_warp) == 8 and len({a % 128 // 16 for a in quarter_warp}) == 8
   # Each warp-wide load reads four rows, eight 16-byte pieces of one 128-byte line each.
-  pieces = [mg.lines_lane_work(lane) for lane in range(32)]
+  pieces = [mg.lane_work(lane) for lane in range(32)]
   for which in (1, 2):  # fp8 pieces, RoPE pieces
     per_row = {}
     for w in pieces:
@@ -130,23 +129,17 @@ def test_lowers_for_cuda_on_any_machine(math):
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-# Each mapping with the f32 math, and the default mapping with the bf16 math.
-MAPPING_MATH = [("lines", "f32"), ("rows", "f32"), ("lines", "bf16")]
-
-
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
 @pytest.mark.parametrize("num_valid", [64, 37, 0])
-def test_matches_numpy_bit_for_bit(num_valid, mapping, math):
+def test_matches_numpy_bit_for_bit(num_valid):
   rng = np.random.default_rng(num_valid)
   kv, rope = random_pool(rng)
   idx = rng.integers(0, POOL, 64).astype(np.int32)
   idx[:4] = [1, 2, 3, 1]  # the extreme scales, one row twice
   # Past num_valid the list holds an out-of-range index, which must not be read.
   idx[num_valid:] = 1 << 30
-  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
-      kv, rope, idx, np.array([num_valid], np.int32)))
+  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([num_valid], np.int32)))
   want = oracle(kv, rope, idx, num_valid)
   assert np.isfinite(want.astype(np.float32)).all()
   assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
@@ -154,29 +147,25 @@ def test_matches_numpy_bit_for_bit(num_valid, mapping, math):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
-def test_nan_scale_gives_nan_tile(mapping, math):
+def test_nan_scale_gives_nan_tile():
   rng = np.random.default_rng(7)
   kv, rope = random_pool(rng)
   kv[5, layout.SCALE_OFFSET + 2 * 5:layout.SCALE_OFFSET + 2 * 5 + 2] = 255
   idx = np.full(64, 5, np.int32)
-  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
-      kv, rope, idx, np.array([64], np.int32)), np.float32)
+  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([64], np.int32)), np.float32)
   assert np.isnan(got[1, :, 64:128]).all()  # tile 5 is columns 64..127 of the second half
   assert np.isfinite(got[1, :, :64]).all() and np.isfinite(got[0]).all()
 
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("mapping,math", MAPPING_MATH)
-def test_fp8_nan_codes_give_nan_and_nothing_else(mapping, math):
+def test_fp8_nan_codes_give_nan_and_nothing_else():
   rng = np.random.default_rng(11)
   kv, rope = random_pool(rng)
   kv[9, [0, 77, 300, 447]] = [0x7F, 0xFF, 0x7F, 0xFF]  # e4m3's two NaN codes, in three tiles
   idx = np.full(64, 9, np.int32)
   idx[1::2] = 10
-  got = np.asarray(jax.jit(functools.partial(gather_tile, mapping=mapping, math=math))(
-      kv, rope, idx, np.array([64], np.int32)), np.float32)
+  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([64], np.int32)), np.float32)
   full = np.concatenate([got[0], got[1]], axis=1)  # [64 rows, 512 dims]
   want_nan = np.zeros_like(full, bool)
   want_nan[0::2][:, [0, 77, 300, 447]] = True

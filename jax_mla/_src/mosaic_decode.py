@@ -3,7 +3,10 @@
 EXPERIMENTAL, not wired into `jax_mla.decode`: it lowers on any machine (checked in CI) and
 passes the oracle tests on an H200; benchmarks/NOTES-pallas.md has its speed.
 
-One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups:
+One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups, in one of two
+designs (MosaicConfig.design). The default, "direct", is mosaic_direct's: the producer gathers
+and dequantizes rows from global memory itself (mosaic_gather) into two K tiles. The first,
+"staged", is this module's kernel:
 
 - the producer (warpgroup 2) reads the KV indices of the next block of 64 entries (each of its
   four warps 16 of them) and copies each gathered row into shared memory with two bulk copies:
@@ -48,28 +51,24 @@ INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 DEQUANT_LAYOUTS = {"wgmma": "WGMMA", "upcast": "WGMMA_UPCAST_4X"}
 
 
-DESIGNS = ("staged", "direct")
+DESIGNS = ("direct", "staged")
 
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
-  # "staged": this module's kernel (rows bulk-copied into shared memory, both consumers
-  # dequantize). "direct": mosaic_direct's (the producer gathers and dequantizes from global
-  # memory, two K tiles, asymmetric consumers; 10% faster than "staged" on the H200 at 128
-  # heads, B 64-128, 2026-12-03), which uses only min_split_entries, split_rule, approx_math,
-  # gather_mapping, gather_math and s_padding of the fields below.
-  design: str = "staged"
-  # The direct design's gather: mosaic_gather.MAPPINGS ("lines": whole 128-byte lines per
-  # warp-wide load; "rows": one row per thread, the first version).
-  gather_mapping: str = "lines"
-  # The direct design's dequantization arithmetic: mosaic_gather.MATHS ("f32", or "bf16": the
-  # same values with fewer conversion instructions; not "none", which is for benchmarks).
-  gather_math: str = "f32"
+  # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
+  # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
+  # approx_math and s_padding of the fields below. "staged": this module's (rows bulk-copied
+  # into shared memory, both consumers dequantize), which uses the others. On the H200
+  # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
+  # 16 x 4 (e.g. 330.9 against 420.6 us at 128 heads, B 128, K 2048) and within 8% either way
+  # at batch 1.
+  design: str = "direct"
   # The direct design's S exchange: f32 columns of padding after each of S's 64 in shared
   # memory. Unpadded, the eight rows a wgmma-layout store or load touches at once all start
   # on the same bank (8-way conflicts); 8 columns put four rows on distinct banks per
-  # half-warp of 8-byte accesses.
+  # half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads, B 128, K 2048.
   s_padding: int = 8
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
@@ -109,7 +108,7 @@ class MosaicConfig:
   # most 240); the producer gets what is left of the launch's 504 per thread slot. ptxas
   # spilled 340 bytes per thread at 224 / 56 (2026-12-03); where is unknown.
   consumer_registers: int = 224
-  # A diagnostic: with both set, every warpgroup records its named regions (the scopes in the
+  # A diagnostic of the staged design: with both set, every warpgroup records its named regions (the scopes in the
   # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
   # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
   # (benchmarks/mosaic_profile.py summarizes it). The records are staged in shared memory,
@@ -331,6 +330,8 @@ def _compiler_params(config):
   when profiling is on."""
   if bool(config.profile_dir) != bool(config.profile_steps):
     raise ValueError("MosaicConfig.profile_dir and profile_steps are set together or not at all")
+  if config.profile_dir and config.design != "staged":
+    raise ValueError("MosaicConfig.profile_dir: only the staged design has profiled regions")
   profile = {}
   if config.profile_dir:
     # profile_space counts regions per warpgroup; a few more for the regions outside the loop.
@@ -383,11 +384,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                      f"got {config.split_rule!r}")
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
-  if config.gather_mapping not in mosaic_gather.MAPPINGS:
-    raise ValueError(f"MosaicConfig.gather_mapping must be one of {mosaic_gather.MAPPINGS}, "
-                     f"got {config.gather_mapping!r}")
-  if config.gather_math not in ("f32", "bf16"):
-    raise ValueError(f"MosaicConfig.gather_math must be 'f32' or 'bf16', got {config.gather_math!r}")
   if not 0 <= config.s_padding <= 32:
     raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
@@ -421,9 +417,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
 
   if config.design == "direct":
     scratch = mosaic_direct.scratch_types(config.s_padding)
-    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits,
-                               gather_mapping=config.gather_mapping,
-                               gather_math=config.gather_math)
+    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

@@ -1,7 +1,8 @@
 """The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
-memory and the three warpgroups overlap. EXPERIMENTAL: lowers (CI); its one GPU run hung, with
-register counts that asked for more than the launch allocates (since fixed, not run again).
+memory and the three warpgroups overlap. EXPERIMENTAL: passes the GPU tests of
+tests/test_mosaic.py on the H200 and is about 10% faster than the staged design at 128 heads,
+batch 64-128 (2026-12-03; benchmarks/NOTES-pallas.md), not yet the landing floor.
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
 
@@ -14,7 +15,8 @@ Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm9
   same m and l bit for bit) and O[:, 256:] += P V[:, 256:].
 
 So the dequantization of block n + 1 runs beside the MMAs of block n, and warpgroup 1's PV
-beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + S 16 KB = 208 KB.
+beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + S 16 KB (and its
+padding, 2 KB at the default MosaicConfig.s_padding) = 210 KB.
 """
 
 from __future__ import annotations
@@ -52,8 +54,7 @@ def scratch_types(s_padding=0):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits,
-           gather_mapping="lines", gather_math="f32"):
+           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   row0 = lax.axis_index("rows") * BLOCK_ROWS
@@ -79,8 +80,7 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile], mapping=gather_mapping,
-                                      math=gather_math)
+                                      num_valid, k_smem.at[tile])
       plgpu.commit_smem()  # the stores, before wgmma reads the tile
       plgpu.barrier_arrive(k_full.at[tile])
 
