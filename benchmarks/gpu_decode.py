@@ -231,7 +231,11 @@ def main():
   ap.add_argument("--reference-max-batch", type=int, default=128)
   ap.add_argument("--out", default="")
   ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke)")
-  ap.add_argument("--no-ceilings", action="store_true")
+  ap.add_argument("--no-ceilings", action="store_true",
+                  help="skip measuring the matmul and copy ceilings (HBM frac then needs --copy-tbps)")
+  ap.add_argument("--copy-tbps", type=float, default=float("nan"),
+                  help="with --no-ceilings: the device copy rate to take the HBM fraction against "
+                       "(the H200 did 4.24 TB/s on 2026-12-02); unset, the column shows '-'")
   ap.add_argument("--compile-workers", type=int, default=1)
   a = ap.parse_args()
 
@@ -247,7 +251,10 @@ def main():
     pass
   global INTERPRET  # pylint: disable=global-statement
   INTERPRET = a.interpret
-  ceil = {"matmul_tflops": float("nan"), "copy_tbps": 1.0} if a.no_ceilings else ceilings()
+  # (Until 2026-12-03 --no-ceilings set copy_tbps to 1.0, so those runs' "HBM frac" columns
+  # and hbm_fraction fields are TB/s, not fractions.)
+  ceil = ({"matmul_tflops": float("nan"), "copy_tbps": a.copy_tbps} if a.no_ceilings
+          else ceilings())
   meta.update(ceil)
   print(json.dumps(meta), flush=True)
 
@@ -377,7 +384,8 @@ def print_table(rows, impls, variants):
     def ratio(name):
       return f"{got[name]['us'] / best['us']:.2f}" if (best and name in got) else "-"
     fm = next((r["flashmla_us"] for r in got.values() if r.get("flashmla_us")), None)
-    rate = f"{best['tflops']:.0f} | {best['hbm_fraction']:.2f}" if best else "- | -"
+    hbm = "-" if not best or math.isnan(best["hbm_fraction"]) else f"{best['hbm_fraction']:.2f}"
+    rate = f"{best['tflops']:.0f} | {hbm}" if best else "- | -"
     print(f"| {s[0]} | {s[1]} | {s[2]} | {s[3]} | " +
           "".join(f"{us(n)} | " for n in pallas_names) + f"{rate} | " +
           f"{us('plain')} | {us('reference')} | {ratio('plain')} | {ratio('reference')} | "
