@@ -147,6 +147,7 @@ _STAGED = {"design": "staged"}
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_fill": {"split_rule": "fill"},
                 "mosaic_exact": {"approx_math": False},
+                "mosaic_qk_ahead": {"qk_ahead": True},
                 "mosaic_staged": _STAGED,
                 "mosaic_staged_wgmma": {**_STAGED, "dequant_layout": "wgmma"},
                 "mosaic_staged_duplicated_qk": {**_STAGED, "split_qk": False},

@@ -40,6 +40,7 @@ CONFIGS = {
     "unpadded_s": md.MosaicConfig(s_padding=0),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
+    "qk_ahead": md.MosaicConfig(qk_ahead=True),  # not yet run on a GPU
     "staged": md.MosaicConfig(design="staged"),
     "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
     "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
@@ -49,8 +50,9 @@ CONFIGS = {
     "staged_column_scales": md.MosaicConfig(design="staged", column_scales=True),
     "staged_registers_240": md.MosaicConfig(design="staged", consumer_registers=240),
 }
-# Each design runs the contract tests below (sinks, indices, poison, NaN, empty rows).
-DESIGNS = {"direct": "default", "staged": "staged"}
+# Each design (and qk_ahead, whose empty splits take their own path) runs the contract tests
+# below (sinks, indices, poison, NaN, empty rows).
+DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead", "staged": "staged"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -59,7 +59,7 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
   # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
-  # approx_math and s_padding of the fields below. "staged": this module's (rows bulk-copied
+  # approx_math, s_padding and qk_ahead of the fields below. "staged": this module's (rows bulk-copied
   # into shared memory, both consumers dequantize), which uses the others. On the H200
   # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
   # 16 x 4 (e.g. 330.9 against 420.6 us at 128 heads, B 128, K 2048) and within 8% either way
@@ -70,6 +70,9 @@ class MosaicConfig:
   # on the same bank (8-way conflicts); 8 columns put four rows on distinct banks per
   # half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads, B 128, K 2048.
   s_padding: int = 8
+  # The direct design's warpgroup 0 issues block n + 1's QK before block n's softmax and PV
+  # (mosaic_direct.kernel). EXPERIMENTAL: lowers; not yet run on a GPU.
+  qk_ahead: bool = False
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -417,7 +420,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
 
   if config.design == "direct":
     scratch = mosaic_direct.scratch_types(config.s_padding)
-    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits)
+    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits,
+                               qk_ahead=config.qk_ahead)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

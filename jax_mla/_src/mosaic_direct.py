@@ -36,6 +36,9 @@ NUM_K_TILES = 2
 # released, so the sum stays at the launch's 3 x 168 = 504: the QK warpgroup holds S and half
 # of O, the other only half of O and P, the producer a row's loaded words.
 REGISTERS = {0: 192, 1: 160, 2: 152}
+# With qk_ahead, warpgroup 0 also holds the next block's S accumulator while it works on this
+# one's (32 more registers per thread); the producer gives them up.
+REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
 
 
 def scratch_types(s_padding=0):
@@ -54,7 +57,12 @@ def scratch_types(s_padding=0):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits):
+           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits,
+           qk_ahead=False):
+  """qk_ahead (MosaicConfig.qk_ahead): warpgroup 0 issues block n + 1's QK before block n's
+  softmax and PV, so the tensor cores compute it while the softmax runs (the producer then
+  fills at least one tile, so that the first QK never waits for a block that does not
+  come). EXPERIMENTAL: lowers; not yet run on a GPU."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   row0 = lax.axis_index("rows") * BLOCK_ROWS
@@ -64,12 +72,14 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
+  registers = REGISTERS_QK_AHEAD if qk_ahead else REGISTERS
 
   @pl.when(wg == 2)
   def _producer():
-    plgpu.set_max_registers(REGISTERS[2], action="decrease")
+    plgpu.set_max_registers(registers[2], action="decrease")
 
-    @pl.loop(0, steps)
+    # An empty split's block is all invalid rows: zeros, and no index read.
+    @pl.loop(0, jnp.maximum(steps, 1) if qk_ahead else steps)
     def _fill(step):
       tile = lax.rem(step, NUM_K_TILES)
 
@@ -108,35 +118,80 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref)
 
+  def issue_qk(acc_ref, tile):
+    for h in range(2):
+      plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[tile, h].T)
+
+  def publish(step, s):
+    @pl.when(step > 0)
+    def _wait_s_free():  # warpgroup 1 has read the previous S
+      plgpu.barrier_wait(s_free)
+    s_smem[:, pl.ds(0, BLOCK_KV)] = s
+    plgpu.barrier_arrive(s_full)
+
+  s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
+
+  def qk_ahead_consumer():
+    """Warpgroup 0's loop with block i + 1's QK in flight during block i's softmax and PV."""
+    def first_scores(acc_ref):
+      plgpu.barrier_wait(k_full.at[0])  # filled even for an empty split
+      issue_qk(acc_ref, 0)
+      return acc_ref[...]
+
+    def step(i, carry):
+      acc, m_i, l_i, s = carry
+      tile = lax.rem(i, NUM_K_TILES)
+      publish(i, s)
+      following = lax.rem(i + 1, NUM_K_TILES)
+
+      @pl.when(i + 1 < steps)
+      def _wait_following():
+        plgpu.barrier_wait(k_full.at[following])
+
+      def overlapped(s_ref):
+        # After the last block this reads the other tile's stale block, which nothing
+        # rewrites any more, and the result is dropped.
+        issue_qk(s_ref, following)
+        p, acc_, m_, l_ = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
+                                                       acc, m_i, l_i)
+        acc_ = pv(acc_, p, tile, 0)  # its wait covers the QK issued before it
+        return acc_, m_, l_, s_ref[...]
+      carry = pl.run_scoped(overlapped, s_accumulator)
+      plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
+      return carry
+
+    s0 = pl.run_scoped(first_scores, s_accumulator)
+    acc, m_i, l_i, _ = lax.fori_loop(0, steps, step, (*mosaic_consumer.initial_state(), s0))
+    mosaic_consumer.write_results(acc, m_i, l_i, half=0, seq=seq, row0=row0, split=split,
+                                  num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
+                                  lse_ref=lse_ref)
+
   @pl.when(wg == 0)
   def _qk_consumer():
-    plgpu.set_max_registers(REGISTERS[0], action="increase")
+    plgpu.set_max_registers(registers[0], action="increase")
     for h in range(2):  # a TMA box is at most 256 elements along each dimension
       plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
                               q_smem.at[h], q_bar)
     plgpu.barrier_wait(q_bar)
+    if qk_ahead:
+      qk_ahead_consumer()
+      return
 
     def scores(step, tile):
       plgpu.barrier_wait(k_full.at[tile])
 
       def qk(acc_ref):
-        for h in range(2):
-          plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[tile, h].T)
+        issue_qk(acc_ref, tile)
         return acc_ref[...]
-      s = pl.run_scoped(qk, plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32))
-
-      @pl.when(step > 0)
-      def _wait_s_free():  # warpgroup 1 has read the previous S
-        plgpu.barrier_wait(s_free)
-      s_smem[:, pl.ds(0, BLOCK_KV)] = s
-      plgpu.barrier_arrive(s_full)
+      s = pl.run_scoped(qk, s_accumulator)
+      publish(step, s)
       return s
 
     consumer(0, scores)
 
   @pl.when(wg == 1)
   def _pv_consumer():
-    plgpu.set_max_registers(REGISTERS[1], action="decrease")
+    plgpu.set_max_registers(registers[1], action="decrease")
 
     def scores(step, tile):
       del step, tile  # warpgroup 0 waited for the tile before publishing S
