@@ -148,6 +148,10 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_fill": {"split_rule": "fill"},
                 "mosaic_exact": {"approx_math": False},
                 "mosaic_qk_ahead": {"qk_ahead": True},
+                # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
+                # and the merge may cost more than the steps they spread.
+                "mosaic_splits_128": {"min_split_entries": 128},
+                "mosaic_splits_256": {"min_split_entries": 256},
                 "mosaic_staged": _STAGED,
                 "mosaic_staged_wgmma": {**_STAGED, "dequant_layout": "wgmma"},
                 "mosaic_staged_duplicated_qk": {**_STAGED, "split_qk": False},
