@@ -148,6 +148,7 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_fill": {"split_rule": "fill"},
                 "mosaic_exact": {"approx_math": False},
                 "mosaic_qk_ahead": {"qk_ahead": True},
+                "mosaic_inputs_in_kernel": {"inputs_in_kernel": True},
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
                 # and the merge may cost more than the steps they spread.
                 "mosaic_splits_128": {"min_split_entries": 128},

@@ -41,6 +41,7 @@ CONFIGS = {
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
     "qk_ahead": md.MosaicConfig(qk_ahead=True),  # not yet run on a GPU
+    "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),  # not yet run on a GPU
     "staged": md.MosaicConfig(design="staged"),
     "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
     "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
@@ -52,7 +53,8 @@ CONFIGS = {
 }
 # Each design (and qk_ahead, whose empty splits take their own path) runs the contract tests
 # below (sinks, indices, poison, NaN, empty rows).
-DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead", "staged": "staged"}
+DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead",
+           "direct_inputs_in_kernel": "inputs_in_kernel", "staged": "staged"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,6 +119,8 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
+    (dict(design="staged", qk_ahead=True), "qk_ahead and inputs_in_kernel belong to the direct"),
+    (dict(design="staged", inputs_in_kernel=True), "belong to the direct design"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_dir="/tmp/x", profile_steps=4), "only the staged design has profiled regions"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])

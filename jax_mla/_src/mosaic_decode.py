@@ -59,7 +59,7 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
   # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
-  # approx_math, s_padding and qk_ahead of the fields below. "staged": this module's (rows bulk-copied
+  # approx_math, s_padding, qk_ahead and inputs_in_kernel of the fields below. "staged": this module's (rows bulk-copied
   # into shared memory, both consumers dequantize), which uses the others. On the H200
   # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
   # 16 x 4 (e.g. 330.9 against 420.6 us at 128 heads, B 128, K 2048) and within 8% either way
@@ -73,6 +73,10 @@ class MosaicConfig:
   # The direct design's warpgroup 0 issues block n + 1's QK before block n's softmax and PV
   # (mosaic_direct.kernel). EXPERIMENTAL: lowers; not yet run on a GPU.
   qk_ahead: bool = False
+  # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
+  # before the kernel (Q's dequantization and padding, the indices' padding and clamping),
+  # which at batch 1 are launches of their own. EXPERIMENTAL: lowers; not yet run on a GPU.
+  inputs_in_kernel: bool = False
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -387,6 +391,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                      f"got {config.split_rule!r}")
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
+  if config.design != "direct" and (config.qk_ahead or config.inputs_in_kernel):
+    raise ValueError("MosaicConfig.qk_ahead and inputs_in_kernel belong to the direct design")
   if not 0 <= config.s_padding <= 32:
     raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
@@ -407,21 +413,32 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=config.min_split_entries,
       rule=config.split_rule)
 
-  q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
-  q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)
-  q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
-  q_bf16 = jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0)))
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  # A block's 64 entries past any start stay inside the list (padded with row 0, clamped into
-  # the pool): the copies past a sequence's end read real rows, which the length mask drops.
-  num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
-  indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
-  indices = jnp.clip(indices, 0, kv.shape[0] - 1)
+  in_kernel = config.design == "direct" and config.inputs_in_kernel
+  if in_kernel:
+    q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
+                q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
+    # The producer reads a block's indices only for its valid rows, and clamps them; a list
+    # shorter than a block is padded so that the block's slice of it has a static shape.
+    indices = kv_indices.astype(jnp.int32)
+    if indices.shape[0] < BLOCK_KV:
+      indices = jnp.pad(indices, (0, BLOCK_KV - indices.shape[0]))
+  else:
+    q3 = q.reshape(num_seqs, rows, layout.ROW_BYTES)
+    q_rope3 = q_rope.reshape(num_seqs, rows, layout.ROPE_DIM)
+    q_bf16 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
+    q_inputs = (jnp.pad(q_bf16, ((0, 0), (0, padded_rows - rows), (0, 0))),)
+    # A block's 64 entries past any start stay inside the list (padded with row 0, clamped
+    # into the pool): the copies past a sequence's end read real rows, which the length mask
+    # drops.
+    num_padded = -(-(num_indices + BLOCK_KV) // BLOCK_KV) * BLOCK_KV
+    indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
+    indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
   if config.design == "direct":
     scratch = mosaic_direct.scratch_types(config.s_padding)
-    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits,
-                               qk_ahead=config.qk_ahead)
+    kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
+                               qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(
@@ -430,7 +447,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       compiler_params=compiler_params,
       grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
       num_threads=3, thread_name="wg",
-  )(kv_indptr.astype(jnp.int32), indices, q_bf16, kv, kv_rope, sink_rows)
+  )(kv_indptr.astype(jnp.int32), indices, *q_inputs, kv, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads)
   return out, (lse if return_lse else None)

@@ -56,13 +56,23 @@ def scratch_types(s_padding=0):
   )
 
 
-def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-           q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full, s_free, *, num_splits,
-           qk_ahead=False):
-  """qk_ahead (MosaicConfig.qk_ahead): warpgroup 0 issues block n + 1's QK before block n's
+def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full,
+           s_free, num_splits, rows, qk_ahead=False, inputs_in_kernel=False):
+  """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
+  with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
+  and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
+
+  qk_ahead (MosaicConfig.qk_ahead): warpgroup 0 issues block n + 1's QK before block n's
   softmax and PV, so the tensor cores compute it while the softmax runs (the producer then
   fills at least one tile, so that the first QK never waits for a block that does not
-  come). EXPERIMENTAL: lowers; not yet run on a GPU."""
+  come). inputs_in_kernel (MosaicConfig.inputs_in_kernel): warpgroup 0 dequantizes its Q
+  block from the packed rows itself, and the producer clamps the indices, so the call needs
+  no XLA passes over Q and the indices first. EXPERIMENTAL, both: lower; not yet run on a
+  GPU."""
+  if inputs_in_kernel:
+    q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
+  else:
+    q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   row0 = lax.axis_index("rows") * BLOCK_ROWS
@@ -90,7 +100,7 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile])
+                                      num_valid, k_smem.at[tile], clamp=inputs_in_kernel)
       plgpu.commit_smem()  # the stores, before wgmma reads the tile
       plgpu.barrier_arrive(k_full.at[tile])
 
@@ -169,10 +179,15 @@ def kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_
   @pl.when(wg == 0)
   def _qk_consumer():
     plgpu.set_max_registers(registers[0], action="increase")
-    for h in range(2):  # a TMA box is at most 256 elements along each dimension
-      plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
-                              q_smem.at[h], q_bar)
-    plgpu.barrier_wait(q_bar)
+    if inputs_in_kernel:
+      mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+                                       jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+      plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
+    else:
+      for h in range(2):  # a TMA box is at most 256 elements along each dimension
+        plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
+                                q_smem.at[h], q_bar)
+      plgpu.barrier_wait(q_bar)
     if qk_ahead:
       qk_ahead_consumer()
       return

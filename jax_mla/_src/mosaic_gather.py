@@ -72,11 +72,13 @@ def fp8_store_columns(piece, line):
   return half, piece * 16 + first_col
 
 
-def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32"):
+def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32",
+                      clamp=False):
   """Fills k_smem [2, 64, 256] bf16 (k_tile_transforms()) with rows idx_ref[0 .. 63] of the
   packed pool: kv_ref [N, 512] uint8, rope_ref [N, 64] bf16, idx_ref [64] int32 (all in global
   memory), num_valid an int32 scalar. Called by one whole warpgroup; the caller fences
-  (`plgpu.commit_smem`) and synchronizes before the tile is read. math: MATHS."""
+  (`plgpu.commit_smem`) and synchronizes before the tile is read. math: MATHS. clamp: indices
+  are clamped into 0 .. N - 1 here (else the caller has)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if math not in MATHS:
     raise ValueError(f"math must be one of {MATHS}, got {math!r}")
@@ -86,12 +88,31 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32
                                 plgpu.RefType(k_tile_transforms())))
   def fill(ctx, kv, rope, idx, valid_count, k):
     del ctx
-    _emit_fill(kv, rope, idx, valid_count.registers.flat[0], k, math)
+    _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp)
 
   fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem)
 
 
-def _emit_fill(kv, rope, idx, valid_count, k, math):
+def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
+  """gather_dequantize for rows first_row .. first_row + 63 of packed rows (rows_ref [N, 512]
+  uint8, rope_ref [N, 64] bf16): the packed fp8 Q of a block of query rows, dequantized into
+  a tile shaped like K's. Rows at or past num_valid are zeros and not read."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(),
+                                plgpu.Layout.WG_SPLAT(shape=()),
+                                plgpu.Layout.WG_SPLAT(shape=()),
+                                plgpu.RefType(k_tile_transforms())))
+  def fill(ctx, rows, rope, first, valid_count, tile):
+    del ctx
+    _emit_fill(rows, rope, valid_count.registers.flat[0], tile, "f32",
+               first_row=first.registers.flat[0])
+
+  fill(rows_ref, rope_ref, first_row, num_valid, smem)
+
+
+def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False):
+  """The gather's IR: rows idx[r] (or first_row + r) for r < valid_count."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
@@ -167,8 +188,14 @@ def _emit_fill(kv, rope, idx, valid_count, k, math):
     """(valid, the row's fp8 address, its RoPE address). An invalid row's index is not read (it
     may lie past the list): row 0 of the pool is read in its place, its values made zeros."""
     valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
-    entry = memref.load(idx, [arith.index_cast(ir.IndexType.get(),
-                                               arith.select(valid, row, zero))])
+    if idx is None:
+      entry = add(first_row, row)
+    else:
+      entry = memref.load(idx, [arith.index_cast(ir.IndexType.get(),
+                                                 arith.select(valid, row, zero))])
+    if clamp:
+      last = c32(ir.MemRefType(kv.type).shape[0] - 1)
+      entry = arith.maxsi(arith.minsi(entry, last), zero)
     entry = arith.extui(i64, arith.select(valid, entry, zero))
     return (valid, add(kv_base, arith.muli(entry, mgpu_utils.c(layout.ROW_BYTES, i64))),
             add(rope_base, arith.muli(entry, mgpu_utils.c(2 * layout.ROPE_DIM, i64))))
