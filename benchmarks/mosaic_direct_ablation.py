@@ -2,6 +2,7 @@
 part removed. Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_direct_ablation.py [--ablations full,no_gather,...]
+         [--impl mosaic] [--batches 64,128] [--kv-len 2048]
 
 Each ablation swaps one function of the kernel's modules for a stand-in while the kernel is
 traced, so it is the same kernel with that part missing; the outputs are garbage and are not
@@ -71,10 +72,14 @@ def main():
   ap.add_argument("--kv-len", type=int, default=2048)
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--impl", default="mosaic",
+                  help="a direct-design variant of gpu_decode.MOSAIC_IMPLS, e.g. mosaic_qk_ahead")
   a = ap.parse_args()
-  cfg = mosaic_decode.MosaicConfig(design="direct")  # the default, named
+  cfg = mosaic_decode.MosaicConfig(**gd.MOSAIC_IMPLS[a.impl])
+  if cfg.design != "direct":
+    raise SystemExit(f"{a.impl} is not a variant of the direct design")
   names = a.ablations.split(",")
-  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
+  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {a.impl}")
   print("| B | K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
   for batch in (int(b) for b in a.batches.split(",")):
     p = gd.make_problem(jax.random.key(0), batch=batch, heads=128, tokens_per_seq=1,
