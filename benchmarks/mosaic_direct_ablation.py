@@ -1,5 +1,5 @@
-"""Where the direct Mosaic kernel's (MosaicConfig's default design) time goes: the whole kernel against copies of it with one
-part removed. Needs an sm90 GPU.
+"""Where the direct Mosaic kernel's time goes (MosaicConfig's default design): the whole kernel
+against copies of it with one part removed. Needs an sm90 GPU.
 
 Usage: python benchmarks/mosaic_direct_ablation.py [--ablations full,no_gather,...]
          [--impl mosaic] [--batches 64,128] [--kv-len 2048]
@@ -86,11 +86,7 @@ def main():
                         kv_len=a.kv_len)
     runs = {}
     for name in names:
-      def f(p, idx):
-        return mosaic_decode.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
-                                           p["indptr"], idx.reshape(-1), p["sink"],
-                                           tokens_per_seq=1, config=cfg)[0]
-      run = gd.looped(f, a.steps)
+      run = gd.looped(gd.decode_fn(a.impl, tokens_per_seq=1), a.steps)  # a trace of its own
       with ablation(name):
         jax.block_until_ready(run(p))  # traces and compiles under the stand-in
       runs[name] = run

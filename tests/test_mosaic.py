@@ -241,3 +241,12 @@ def test_probe_tool_lowers_for_cuda(name, capsys):
   keeps working between device runs."""
   PROBES.probe(name, lower_only=True)
   assert capsys.readouterr().out.strip() == f"{name} lowers"
+
+
+def test_direct_register_splits_fit_the_launch():
+  """An increase past what the other warpgroups released waits forever (it hung on the H200
+  with 200 + 160 + 152): every split sums to no more than the launch's registers."""
+  from jax_mla._src import mosaic_consumer, mosaic_direct  # pylint: disable=import-outside-toplevel
+  for split in (mosaic_direct.REGISTERS, mosaic_direct.REGISTERS_QK_AHEAD):
+    assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
+    assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())

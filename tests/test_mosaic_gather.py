@@ -72,8 +72,9 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
 
 
 def all_stores():
-  """Every 16-byte store of gather_dequantize's work split: (warp, lane, its address, the dims it writes),
-  in issue order per lane (rows, lines, then the RoPE piece)."""
+  """Every 16-byte store of gather_dequantize's work split: (warp, lane, its step, its address,
+  the (row, dim) it writes first), in issue order per lane (rows, lines, then the RoPE
+  piece)."""
   stores = []
   for warp, lane in itertools.product(range(4), range(32)):
     row_in_group, piece, rope_piece = mg.lane_work(lane)

@@ -42,9 +42,8 @@ from jax_mla._src import mosaic_gather
 from jax_mla._src import pallas_merge
 from jax_mla._src import pallas_plan
 from jax_mla._src.kernel_math import e8m0_to_f32, split_chunks
-from jax_mla._src.mosaic_consumer import BLOCK_ROWS, HALF
+from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF, LAUNCH_REGISTERS
 
-BLOCK_KV = 64  # KV entries per step
 TILE = layout.TILE
 INDEX_GROUP = 16  # KV indices the producer reads before issuing their copies
 # MosaicConfig.dequant_layout -> the plgpu.Layout the dequantization loads the staged rows in.
@@ -59,8 +58,9 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
   # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
-  # approx_math, s_padding, qk_ahead and inputs_in_kernel of the fields below. "staged": this module's (rows bulk-copied
-  # into shared memory, both consumers dequantize), which uses the others. On the H200
+  # approx_math, s_padding, qk_ahead and inputs_in_kernel of the fields below. "staged": this
+  # module's (rows bulk-copied into shared memory, both consumers dequantize), which uses the
+  # others (and profiling, which only it supports). On the H200
   # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
   # 16 x 4 (e.g. 330.9 against 420.6 us at 128 heads, B 128, K 2048) and within 8% either way
   # at batch 1.
@@ -115,10 +115,10 @@ class MosaicConfig:
   # most 240); the producer gets what is left of the launch's 504 per thread slot. ptxas
   # spilled 340 bytes per thread at 224 / 56 (2026-12-03); where is unknown.
   consumer_registers: int = 224
-  # A diagnostic of the staged design: with both set, every warpgroup records its named regions (the scopes in the
-  # kernel: waits, dequantize, qk, softmax, pv, issue) for up to profile_steps steps of 64
-  # entries into a Mosaic GPU profiler trace, written to profile_dir as JSON
-  # (benchmarks/mosaic_profile.py summarizes it). The records are staged in shared memory,
+  # A diagnostic of the staged design: with both set, every warpgroup records its named regions
+  # (the scopes in the kernel: waits, dequantize, qk, softmax, pv, issue) for up to
+  # profile_steps steps of 64 entries into a Mosaic GPU profiler trace, written to profile_dir
+  # as JSON (benchmarks/mosaic_profile.py summarizes it). The records are staged in shared memory,
   # 16 bytes per region per warpgroup, which bounds profile_steps to about 40.
   profile_dir: str = ""
   profile_steps: int = 0
@@ -329,7 +329,7 @@ def _producer_registers(consumer_registers):
   """The producer's registers: what two consumers leave of the launch's 3 x 168 per thread slot
   (an increase draws only on registers the CTA's other warps released), at most 56, at least
   the hardware's 24."""
-  return max(24, min(56, (504 - 2 * consumer_registers) // 8 * 8))
+  return max(24, min(56, (LAUNCH_REGISTERS - 2 * consumer_registers) // 8 * 8))
 
 
 def _compiler_params(config):

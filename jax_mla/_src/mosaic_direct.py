@@ -28,13 +28,12 @@ from jax.experimental import pallas as pl
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_gather
 from jax_mla._src.kernel_math import split_chunks
-from jax_mla._src.mosaic_consumer import BLOCK_ROWS, HALF
+from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
-BLOCK_KV = 64  # KV entries per step
 NUM_K_TILES = 2
-# setmaxnreg per role (multiples of 8). An increase draws only on what the CTA's other warps
-# released, so the sum stays at the launch's 3 x 168 = 504: the QK warpgroup holds S and half
-# of O, the other only half of O and P, the producer a row's loaded words.
+# setmaxnreg per role (multiples of 8), summing to mosaic_consumer.LAUNCH_REGISTERS: the QK
+# warpgroup holds S and half of O, the other only half of O and P, the producer a row's loaded
+# words.
 REGISTERS = {0: 192, 1: 160, 2: 152}
 # With qk_ahead, warpgroup 0 also holds the next block's S accumulator while it works on this
 # one's (32 more registers per thread); the producer gives them up.
@@ -123,7 +122,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
       plgpu.barrier_arrive(k_free.at[tile])  # this consumer's MMAs on the tile are done
       return acc, m_i, l_i
 
-    acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
+    write_half(*lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()), half)
+
+  def write_half(acc, m_i, l_i, half):
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref)
@@ -172,9 +173,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
 
     s0 = pl.run_scoped(first_scores, s_accumulator)
     acc, m_i, l_i, _ = lax.fori_loop(0, steps, step, (*mosaic_consumer.initial_state(), s0))
-    mosaic_consumer.write_results(acc, m_i, l_i, half=0, seq=seq, row0=row0, split=split,
-                                  num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
-                                  lse_ref=lse_ref)
+    write_half(acc, m_i, l_i, 0)
 
   @pl.when(wg == 0)
   def _qk_consumer():
