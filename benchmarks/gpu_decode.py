@@ -149,6 +149,10 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_exact": {"approx_math": False},
                 "mosaic_qk_ahead": {"qk_ahead": True},
                 "mosaic_inputs_in_kernel": {"inputs_in_kernel": True},
+                "mosaic_pair": {"pair_row_blocks": True},
+                "mosaic_pair_qk_ahead": {"pair_row_blocks": True, "qk_ahead": True},
+                "mosaic_pair_inputs_in_kernel": {"pair_row_blocks": True,
+                                                 "inputs_in_kernel": True},
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
                 # and the merge may cost more than the steps they spread.
                 "mosaic_splits_128": {"min_split_entries": 128},
@@ -158,7 +162,6 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_staged_duplicated_qk": {**_STAGED, "split_qk": False},
                 "mosaic_staged_one_thread": {**_STAGED, "producer_warps": False},
                 "mosaic_staged_long_splits": {**_STAGED, "min_split_entries": 256},
-                "mosaic_staged_column_scales": {**_STAGED, "column_scales": True},
                 "mosaic_staged_registers_240": {**_STAGED, "consumer_registers": 240}}
 
 

@@ -20,7 +20,7 @@ Stages (each per consumer warpgroup, both at once):
 - chain: dequant, qk_full, softmax and pv one after another (no barriers between the two
   consumers, whose results are garbage).
 - chain_scales: chain with the kernel's tile-scale reads from the staged rows and its
-  validity mask; chain_column_scales: the same with MosaicConfig.column_scales' reads.
+  validity mask.
 - chain_synced: chain with the kernel's barrier between the two consumers after dequant (both
   wait for both halves of K), which keeps them in step.
 - gather: one warpgroup per CTA gathers and dequantizes a block of 64 random rows of a
@@ -45,7 +45,7 @@ from jax_mla._src import mosaic_gather
 
 ROWS, KV, HALF, TILE = 64, 64, 256, 64
 STAGES = ("qk_split", "qk_full", "pv", "dequant", "softmax", "chain", "chain_scales",
-          "chain_column_scales", "chain_synced", "gather", "gather_unconverted")
+          "chain_synced", "gather", "gather_unconverted")
 GATHERS = {"gather": "f32", "gather_unconverted": "none"}  # mosaic_gather's math
 POOL = 65536
 
@@ -79,9 +79,6 @@ def stage_kernel(stage, reps, num_ctas):
       plgpu.commit_smem()
 
     def tile_scales():
-      if stage == "chain_column_scales":
-        return [plgpu.load(raw_smem.at[:, 448 + 2 * t], (), layout=wgmma_layout.reduce(1),
-                           optimized=False).astype(jnp.float32) for t in range(4)]
       ref = raw_smem.at[:, pl.ds(448, 16)]
       low = plgpu.load(ref, (), layout=wgmma_layout, optimized=False).astype(jnp.int32)
       col = plgpu.broadcasted_iota(jnp.int32, (KV, 16), 1, layout=wgmma_layout)
@@ -117,7 +114,7 @@ def stage_kernel(stage, reps, num_ctas):
         s = plgpu.layout_cast(jnp.full((ROWS, KV), 0.5, jnp.float32), wgmma_layout)
         s = s + lax.broadcast_in_dim(m, s.shape, [0]) * 1e-3
         _, acc, m = softmax(s, acc, m)
-      else:  # chain, chain_scales, chain_column_scales, chain_synced
+      else:  # chain, chain_scales, chain_synced
         dequant(m, tile_scales() if "scales" in stage else None)
         if stage == "chain_synced":
           plgpu.barrier_arrive(sync_bar)

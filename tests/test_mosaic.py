@@ -40,21 +40,27 @@ CONFIGS = {
     "unpadded_s": md.MosaicConfig(s_padding=0),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
-    "qk_ahead": md.MosaicConfig(qk_ahead=True),  # not yet run on a GPU
-    "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),  # not yet run on a GPU
+    "qk_ahead": md.MosaicConfig(qk_ahead=True),
+    "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),
+    "pair_row_blocks": md.MosaicConfig(pair_row_blocks=True),
+    "pair_qk_ahead": md.MosaicConfig(pair_row_blocks=True, qk_ahead=True),
     "staged": md.MosaicConfig(design="staged"),
     "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
     "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
     "staged_one_issuing_thread": md.MosaicConfig(design="staged", producer_warps=False),
     "staged_exact_math": md.MosaicConfig(design="staged", approx_math=False),
-    # not yet run on a GPU:
-    "staged_column_scales": md.MosaicConfig(design="staged", column_scales=True),
     "staged_registers_240": md.MosaicConfig(design="staged", consumer_registers=240),
 }
 # Each design (and qk_ahead, whose empty splits take their own path) runs the contract tests
-# below (sinks, indices, poison, NaN, empty rows).
+# below (sinks, indices, poison, NaN, empty rows), at 64 heads, or at 128 where the design
+# needs two row blocks.
 DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead",
-           "direct_inputs_in_kernel": "inputs_in_kernel", "staged": "staged"}
+           "direct_inputs_in_kernel": "inputs_in_kernel", "direct_pair": "pair_row_blocks",
+           "staged": "staged"}
+
+
+def heads(design):
+  return 128 if design == "direct_pair" else 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +125,9 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
-    (dict(design="staged", qk_ahead=True), "qk_ahead and inputs_in_kernel belong to the direct"),
+    (dict(design="staged", qk_ahead=True), "qk_ahead, inputs_in_kernel and pair_row_blocks "
+     "belong to the direct"),
+    (dict(design="staged", pair_row_blocks=True), "belong to the direct design"),
     (dict(design="staged", inputs_in_kernel=True), "belong to the direct design"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_dir="/tmp/x", profile_steps=4), "only the staged design has profiled regions"),
@@ -150,7 +158,7 @@ def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits,
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_sinks(sink, splits, design):
   rng = np.random.default_rng(len(sink) + splits)
-  batch = make_batch(rng, num_heads=64, lengths=[0, 33, 200, 2], sink=SINKS[sink])
+  batch = make_batch(rng, num_heads=heads(design), lengths=[0, 33, 200, 2], sink=SINKS[sink])
   out, lse = run(batch, num_kv_splits=splits, config=DESIGNS[design])
   check_against_oracle(batch, out, lse)
 
@@ -161,7 +169,7 @@ def test_sinks(sink, splits, design):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_repeated_and_unsorted_indices(pattern, design):
   rng = np.random.default_rng(len(pattern))
-  batch = make_batch(rng, num_heads=64, lengths=[70, 3, 129], sink=0.1, index_pattern=pattern)
+  batch = make_batch(rng, num_heads=heads(design), lengths=[70, 3, 129], sink=0.1, index_pattern=pattern)
   out, lse = run(batch, num_kv_splits=2, config=DESIGNS[design])
   check_against_oracle(batch, out, lse)
 
@@ -172,11 +180,11 @@ def test_repeated_and_unsorted_indices(pattern, design):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_padding_poison_leaves_results_bit_identical(splits, design):
   rng = np.random.default_rng(7)
-  batch = make_batch(rng, num_heads=64, lengths=[12, 0, 70], sink=0.5)
+  batch = make_batch(rng, num_heads=heads(design), lengths=[12, 0, 70], sink=0.5)
   clean_out, clean_lse = run(batch, num_kv_splits=splits, config=DESIGNS[design])
   check_against_oracle(batch, clean_out, clean_lse)
   for pattern in POISON_PATTERNS:
-    dirty = make_batch(np.random.default_rng(7), num_heads=64, lengths=[12, 0, 70], sink=0.5)
+    dirty = make_batch(np.random.default_rng(7), num_heads=heads(design), lengths=[12, 0, 70], sink=0.5)
     dirty.q = poison_padding(dirty.q, pattern, rng)
     dirty.kv = poison_padding(dirty.kv, pattern, rng)
     out, lse = run(dirty, num_kv_splits=splits, config=DESIGNS[design])
@@ -190,7 +198,7 @@ def test_padding_poison_leaves_results_bit_identical(splits, design):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_nan_rows_outside_the_index_lists_never_leak(design):
   rng = np.random.default_rng(8)
-  batch = make_batch(rng, num_heads=64, lengths=[3, 150], pool_rows=512, sink=0.1,
+  batch = make_batch(rng, num_heads=heads(design), lengths=[3, 150], pool_rows=512, sink=0.1,
                      extra_indices=20)
   batch.poison_unindexed_rows()
   out, lse = run(batch, num_kv_splits=2, config=DESIGNS[design])
@@ -203,7 +211,7 @@ def test_nan_rows_outside_the_index_lists_never_leak(design):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_nan_scale_in_an_indexed_row_propagates(design):
   rng = np.random.default_rng(12)
-  batch = make_batch(rng, num_heads=64, lengths=[10, 10], index_pattern="unique", sink=0.2)
+  batch = make_batch(rng, num_heads=heads(design), lengths=[10, 10], index_pattern="unique", sink=0.2)
   batch.kv[batch.kv_indices[3], 448 + 2 * 2] = 0xFF
   out, lse = run(batch, config=DESIGNS[design])
   assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
@@ -215,8 +223,8 @@ def test_nan_scale_in_an_indexed_row_propagates(design):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_empty_rows_and_per_head_sinks(design):
   rng = np.random.default_rng(5)
-  sink = np.array([-np.inf, 0.0, 5.0, np.inf] * 16, np.float32)
-  batch = make_batch(rng, num_heads=64, lengths=[0, 40, 0], sink=sink)
+  sink = np.array([-np.inf, 0.0, 5.0, np.inf] * (heads(design) // 4), np.float32)
+  batch = make_batch(rng, num_heads=heads(design), lengths=[0, 40, 0], sink=sink)
   out, lse = run(batch, num_kv_splits=1, config=DESIGNS[design])
   for t in (0, 2):
     assert not out[t].any()

@@ -71,15 +71,15 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
   assert len(banks) == 8
 
 
-def all_stores():
+def all_stores(rank=None):
   """Every 16-byte store of gather_dequantize's work split: (warp, lane, its step, its address,
   the (row, dim) it writes first), in issue order per lane (rows, lines, then the RoPE
-  piece)."""
+  piece). rank: one CTA's share of a paired block (its stores go to both CTAs)."""
   stores = []
   for warp, lane in itertools.product(range(4), range(32)):
     row_in_group, piece, rope_piece = mg.lane_work(lane)
-    for group in range(64 // 4 // mg.ROWS_PER_LOAD):
-      row = warp * 16 + group * mg.ROWS_PER_LOAD + row_in_group
+    for group in range(mg.groups_per_warp(rank is not None)):
+      row = mg.block_row(warp, group, row_in_group, rank)
       for line in range(mg.FP8_LINES):
         if line * mg.LINE + piece * 16 >= layout.NOPE_DIM:
           continue  # the last line's pieces past the fp8 data (scales, padding)
@@ -93,20 +93,26 @@ def all_stores():
   return stores
 
 
-def test_work_split_writes_every_chunk_once_and_the_right_dims():
-  stores = all_stores()
+@pytest.mark.parametrize("ranks", [(None,), (0, 1)], ids=["alone", "paired"])
+def test_work_split_writes_every_chunk_once_and_the_right_dims(ranks):
+  stores = [s for rank in ranks for s in all_stores(rank)]
   assert sorted(s[3] for s in stores) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
   # A piece's fp8 bytes are its dims: piece p of line j is dims 128 j + 16 p .. + 15.
   for warp, lane, (group, line, second), _, (row, dim) in stores:
     _, piece, rope_piece = mg.lane_work(lane)
     want = (layout.NOPE_DIM + rope_piece * 8 if line == "rope"
             else line * mg.LINE + piece * 16 + second)
-    assert dim == want and row // 16 == warp
+    assert dim == want and row % (64 // len(ranks)) // (16 // len(ranks)) == warp
+  # In a pair, each CTA sends its peer exactly the bytes the peer's barrier expects.
+  for rank in ranks:
+    if rank is not None:
+      assert 16 * len(all_stores(rank)) == mg.PEER_BYTES
 
 
-def test_work_split_stores_and_loads_without_conflicts():
+@pytest.mark.parametrize("rank", [None, 0, 1])
+def test_work_split_stores_and_loads_without_conflicts(rank):
   by_instruction = {}
-  for warp, lane, step, address, _ in all_stores():
+  for warp, lane, step, address, _ in all_stores(rank):
     by_instruction.setdefault((warp, step, lane // 8), []).append(address)
   for quarter_warp in by_instruction.values():  # one wavefront of 16-byte stores
     assert len(quarter_warp) == 8 and len({a % 128 // 16 for a in quarter_warp}) == 8

@@ -71,12 +71,21 @@ class MosaicConfig:
   # half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads, B 128, K 2048.
   s_padding: int = 8
   # The direct design's warpgroup 0 issues block n + 1's QK before block n's softmax and PV
-  # (mosaic_direct.kernel). EXPERIMENTAL: lowers; not yet run on a GPU.
+  # (mosaic_direct.kernel). Passes the GPU tests; slower on the H200 (2026-12-03, 128 heads,
+  # K 2048: 443.8 against 330.1 us at B 128, 235.2 against 175.1 at B 64).
   qk_ahead: bool = False
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
   # before the kernel (Q's dequantization and padding, the indices' padding and clamping),
-  # which at batch 1 are launches of their own. EXPERIMENTAL: lowers; not yet run on a GPU.
+  # which at batch 1 are launches of their own. Passes the GPU tests (2026-12-03); its speed
+  # is not yet measured.
   inputs_in_kernel: bool = False
+  # The direct design pairs the CTAs of row blocks 2j and 2j + 1 (128 heads: both blocks of a
+  # sequence) in a cluster, and each gathers and dequantizes half of every KV block into both
+  # (mosaic_pair). Without it both gather every row. Ignored when the row blocks are odd in
+  # number. Passes the GPU tests, and is slower on the H200 (2026-12-03, 128 heads: 352.6
+  # against 330.1 us at B 128, K 2048; 187.9 against 175.1 at B 64), so the gather is not
+  # what bounds the kernel now.
+  pair_row_blocks: bool = False
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -107,10 +116,6 @@ class MosaicConfig:
   # (ex2.approx, lg2.approx: relative error about 2^-22, far below bf16's). 3% faster on the
   # H200 (2026-12-02, B 128, K 2048: 419 us against 433, the same build otherwise).
   approx_math: bool = True
-  # column_scales: each tile's scales are read as one strided [64] column of the staged rows
-  # straight into the row-vector layout (one byte per row and thread), instead of a [64, 16]
-  # load and a masked sum per tile. Not yet run on a GPU.
-  column_scales: bool = False
   # consumer_registers: each consumer thread's registers after `setmaxnreg` (a multiple of 8, at
   # most 240); the producer gets what is left of the launch's 504 per thread slot. ptxas
   # spilled 340 bytes per thread at 224 / 56 (2026-12-03); where is unknown.
@@ -132,7 +137,7 @@ def _plgpu():
 def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
             q_smem, k_smem, raw_smem, rope_smem, s_smem,
             q_bar, full_bars, free_bars, k_ready_bar, k_free_bar, s_ready_bar,
-            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps, column_scales,
+            *, num_splits, num_stages, dequant_layout, split_qk, producer_warps,
             consumer_registers):
   plgpu = _plgpu()
   seq = lax.axis_index("seq")
@@ -216,11 +221,9 @@ def _kernel(indptr_ref, idx_ref, q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse
         """{t: f32 [64] row vector} for the given tiles of this block's rows.
 
         The scales (bytes 448..461, each stored twice) are staged with the rows: tile t's is
-        byte 448 + 2t. The padding bytes among the 16 loaded are never used."""
-        if column_scales:
-          return {t: e8m0_to_f32(plgpu.load(raw_smem.at[slot, :, layout.SCALE_OFFSET + 2 * t],
-                                            (), layout=row_layout, optimized=False))
-                  for t in tiles}
+        byte 448 + 2t. The padding bytes among the 16 loaded are never used. (Reading each
+        tile's scales as one strided [64] column instead, MosaicConfig.column_scales until
+        2026-12-03, gave wrong results on the H200 at its first run, and was removed.)"""
         ref = raw_smem.at[slot, :, pl.ds(layout.SCALE_OFFSET, 16)]
         low = plgpu.load(ref, (), layout=wgmma_layout, optimized=False).astype(jnp.int32)
         col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_KV, 16), 1, layout=wgmma_layout)
@@ -375,7 +378,6 @@ def _staged_kernel(config, splits):
   kernel = functools.partial(_kernel, num_splits=splits, num_stages=stages,
                              dequant_layout=config.dequant_layout,
                              split_qk=config.split_qk, producer_warps=config.producer_warps,
-                             column_scales=config.column_scales,
                              consumer_registers=config.consumer_registers)
   return scratch, kernel
 
@@ -391,8 +393,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                      f"got {config.split_rule!r}")
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
-  if config.design != "direct" and (config.qk_ahead or config.inputs_in_kernel):
-    raise ValueError("MosaicConfig.qk_ahead and inputs_in_kernel belong to the direct design")
+  if config.design != "direct" and (config.qk_ahead or config.inputs_in_kernel
+                                    or config.pair_row_blocks):
+    raise ValueError("MosaicConfig.qk_ahead, inputs_in_kernel and pair_row_blocks belong to "
+                     "the direct design")
   if not 0 <= config.s_padding <= 32:
     raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
@@ -435,18 +439,22 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
     indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
+  pair = config.design == "direct" and config.pair_row_blocks and row_blocks % 2 == 0
+  grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
+  if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
+    grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
   if config.design == "direct":
-    scratch = mosaic_direct.scratch_types(config.s_padding)
+    scratch = mosaic_direct.scratch_types(config.s_padding, pair=pair)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
-                               qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel)
+                               qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel,
+                               pair=pair)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
       compiler_params=compiler_params,
-      grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"),
-      num_threads=3, thread_name="wg",
+      num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), indices, *q_inputs, kv, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads)

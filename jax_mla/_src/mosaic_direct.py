@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_gather
+from jax_mla._src import mosaic_pair
 from jax_mla._src.kernel_math import split_chunks
 from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
@@ -40,23 +41,33 @@ REGISTERS = {0: 192, 1: 160, 2: 152}
 REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
 
 
-def scratch_types(s_padding=0):
+def scratch_types(s_padding=0, pair=False):
+  """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
+  cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
+  consumers."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
-  return dict(
+  scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
       s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
-      k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES),
       s_full=plgpu.Barrier(num_arrivals=1),
       s_free=plgpu.Barrier(num_arrivals=1),
   )
+  if pair:
+    scratch.update(ready=mosaic_pair.ready_barriers(),
+                   k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
+                                               num_barriers=NUM_K_TILES))
+  else:
+    scratch.update(k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
+                   k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES))
+  return scratch
 
 
-def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_free, s_full,
-           s_free, num_splits, rows, qk_ahead=False, inputs_in_kernel=False):
+def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_full, s_free,
+           num_splits, rows, k_full=None, ready=None, qk_ahead=False, inputs_in_kernel=False,
+           pair=False):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -66,15 +77,22 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
   fills at least one tile, so that the first QK never waits for a block that does not
   come). inputs_in_kernel (MosaicConfig.inputs_in_kernel): warpgroup 0 dequantizes its Q
   block from the packed rows itself, and the producer clamps the indices, so the call needs
-  no XLA passes over Q and the indices first. EXPERIMENTAL, both: lower; not yet run on a
-  GPU."""
+  no XLA passes over Q and the indices first. pair (mosaic_pair): the grid's "rows" axis
+  counts pairs of row blocks, the cluster axis "pair" picks one of the two, and the two CTAs
+  share each block's gather. EXPERIMENTAL, all three: pass the GPU tests on the H200
+  (2026-12-03); qk_ahead and pair measured slower than without (MosaicConfig)."""
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
     q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
-  row0 = lax.axis_index("rows") * BLOCK_ROWS
+  if pair:
+    rank = lax.axis_index("pair")
+    row0 = (lax.axis_index("rows") * 2 + rank) * BLOCK_ROWS
+    mosaic_pair.init_ready_barriers(ready)
+  else:
+    row0 = lax.axis_index("rows") * BLOCK_ROWS
   split = lax.axis_index("split")
   wg = lax.axis_index("wg")
   start = indptr_ref[seq]
@@ -99,11 +117,23 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile], clamp=inputs_in_kernel)
-      plgpu.commit_smem()  # the stores, before wgmma reads the tile
-      plgpu.barrier_arrive(k_full.at[tile])
+                                      num_valid, k_smem.at[tile], clamp=inputs_in_kernel,
+                                      pair=(rank, ready, tile) if pair else None)
+      if pair:
+        mosaic_pair.arrive_filled(ready, tile)
+      else:
+        plgpu.commit_smem()  # the stores, before wgmma reads the tile
+        plgpu.barrier_arrive(k_full.at[tile])
 
   wgmma_layout = plgpu.Layout.WGMMA
+
+  def wait_filled(step):
+    """Waits until K tile step % 2 holds block `step` (both halves of it, with pair)."""
+    tile = lax.rem(step, NUM_K_TILES)
+    if pair:  # the tile's use number step // 2 is its barrier's phase
+      mosaic_pair.wait_filled(ready, tile, lax.rem(lax.div(step, NUM_K_TILES), 2))
+    else:
+      plgpu.barrier_wait(k_full.at[tile])
 
   def pv(acc, p, tile, half):
     def run(acc_ref):
@@ -145,7 +175,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
   def qk_ahead_consumer():
     """Warpgroup 0's loop with block i + 1's QK in flight during block i's softmax and PV."""
     def first_scores(acc_ref):
-      plgpu.barrier_wait(k_full.at[0])  # filled even for an empty split
+      wait_filled(0)  # filled even for an empty split
       issue_qk(acc_ref, 0)
       return acc_ref[...]
 
@@ -157,7 +187,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
 
       @pl.when(i + 1 < steps)
       def _wait_following():
-        plgpu.barrier_wait(k_full.at[following])
+        wait_filled(i + 1)
 
       def overlapped(s_ref):
         # After the last block this reads the other tile's stale block, which nothing
@@ -192,7 +222,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
       return
 
     def scores(step, tile):
-      plgpu.barrier_wait(k_full.at[tile])
+      wait_filled(step)
 
       def qk(acc_ref):
         issue_qk(acc_ref, tile)
@@ -208,7 +238,10 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
     plgpu.set_max_registers(registers[1], action="decrease")
 
     def scores(step, tile):
-      del step, tile  # warpgroup 0 waited for the tile before publishing S
+      del tile
+      if pair:  # complete already (warpgroup 0 waited before publishing S); observed here
+        # too, so that this warpgroup's wgmma reads of the peer's st.async bytes follow it
+        wait_filled(step)
       plgpu.barrier_wait(s_full)
       s = plgpu.load(s_smem.at[:, pl.ds(0, BLOCK_KV)], (), layout=wgmma_layout,
                      optimized=False)
@@ -216,3 +249,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_full, k_
       return s
 
     consumer(1, scores)
+
+  if pair:
+    mosaic_pair.cluster_sync()

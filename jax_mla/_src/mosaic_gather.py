@@ -40,6 +40,9 @@ ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's
 # bf16 multiplies, fewer conversion instructions) was slower on the H200: 1.88 us per block
 # against 1.62 (2026-12-03).
 MATHS = ("f32", "none")
+# Bytes one CTA of a pair (gather_dequantize's pair) writes into the other's K tile per
+# block: half the rows, both halves of the tile, bf16.
+PEER_BYTES = BLOCK_ROWS // 2 * 2 * HALF * 2
 
 
 def k_tile_transforms():
@@ -66,6 +69,19 @@ def lane_work(lane):
   return lane % 8 // 2, quarter * 2 + odd, quarter // 2 * 4 + quarter % 2 + odd * 2
 
 
+def block_row(warp, group, row_in_group, rank=None):
+  """The block row (0..63) that a warp's lanes with `row_in_group` (lane_work) fill in its row
+  group `group` (0 .. groups_per_warp(paired) - 1). With rank (0 or 1, a pair's CTA), the warps
+  share that CTA's half of the block. Python ints (tests) or IR values (_Int) alike."""
+  if rank is None:
+    return warp * (BLOCK_ROWS // 4) + group * ROWS_PER_LOAD + row_in_group
+  return rank * (BLOCK_ROWS // 2) + warp * (BLOCK_ROWS // 8) + group * ROWS_PER_LOAD + row_in_group
+
+
+def groups_per_warp(paired):
+  return BLOCK_ROWS // (8 if paired else 4) // ROWS_PER_LOAD
+
+
 def fp8_store_columns(piece, line):
   """(half, first column) of the two 8-column stores of a piece of fp8 line `line`."""
   half, first_col = divmod(line * LINE, HALF)  # a byte of fp8 is a column
@@ -73,24 +89,57 @@ def fp8_store_columns(piece, line):
 
 
 def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32",
-                      clamp=False):
+                      clamp=False, pair=None):
   """Fills k_smem [2, 64, 256] bf16 (k_tile_transforms()) with rows idx_ref[0 .. 63] of the
   packed pool: kv_ref [N, 512] uint8, rope_ref [N, 64] bf16, idx_ref [64] int32 (all in global
   memory), num_valid an int32 scalar. Called by one whole warpgroup; the caller fences
   (`plgpu.commit_smem`) and synchronizes before the tile is read. math: MATHS. clamp: indices
-  are clamped into 0 .. N - 1 here (else the caller has)."""
+  are clamped into 0 .. N - 1 here (else the caller has).
+
+  pair: (rank, ready_ref, tile) when two CTAs of a cluster share the block (mosaic_pair):
+  this one (rank 0 or 1 in the cluster) loads rows 32 rank .. 32 rank + 31 only and writes
+  each into its own k_smem and, with st.async, into the same place of the peer's, whose
+  barrier ready_ref[tile] counts the PEER_BYTES that land there."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if math not in MATHS:
     raise ValueError(f"math must be one of {MATHS}, got {math!r}")
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+  k_type = plgpu.RefType(k_tile_transforms())
+  if pair is None:
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
+                                  k_type))
+    def fill(ctx, kv, rope, idx, valid_count, k):
+      del ctx
+      _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType(),
-                                plgpu.Layout.WG_SPLAT(shape=()),
-                                plgpu.RefType(k_tile_transforms())))
-  def fill(ctx, kv, rope, idx, valid_count, k):
+    fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem)
+    return
+
+  rank, ready_ref, tile = pair
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
+                                k_type, scalar, plgpu.RefType(), scalar))
+  def fill_pair(ctx, kv, rope, idx, valid_count, k, rank_, ready, tile_):
     del ctx
-    _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp)
+    peer = (rank_.registers.flat[0],
+            barrier_address(ready, tile_.registers.flat[0]))
+    _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp,
+               peer=peer)
 
-  fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem)
+  fill_pair(kv_ref, rope_ref, idx_ref, num_valid, k_smem, rank, ready_ref, tile)
+
+
+
+def barrier_address(ref, index):
+  """The shared::cta address (i32) of mbarrier `index` (i32) of an int32 SMEM ref holding
+  8-byte mbarriers (mosaic_pair.ready_barriers)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, llvm
+  i32 = ir.IntegerType.get_signless(32)
+  base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(ref))
+  return arith.addi(base, arith.muli(index, mgpu_utils.c(8, i32)))
 
 
 def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
@@ -111,8 +160,11 @@ def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
   fill(rows_ref, rope_ref, first_row, num_valid, smem)
 
 
-def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False):
-  """The gather's IR: rows idx[r] (or first_row + r) for r < valid_count."""
+def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
+               peer=None):
+  """The gather's IR: rows idx[r] (or first_row + r) for r < valid_count. peer: (this CTA's
+  rank in its pair, the shared::cta address of the peer-written tile's barrier): half the
+  rows, each stored here and in the peer (gather_dequantize's pair)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
@@ -140,6 +192,14 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [address, *words],
                     "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
                     has_side_effects=True)
+    if peer is not None:
+      # The same bytes at the same offset of the peer's tile; their arrival completes that
+      # many bytes of the peer's barrier (as a TMA copy would), which orders them for its
+      # wgmma.
+      llvm.inline_asm(ir.Type.parse("!llvm.void"),
+                      [add(address, peer_offset), *words, peer_barrier],
+                      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
+                      "[$0], {$1, $2, $3, $4}, [$5];", "r,r,r,r,r,r", has_side_effects=True)
 
   def fp8x4_to_bf16(word, scale):
     """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (f32 math)."""
@@ -203,6 +263,15 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
   kv_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(kv))
   rope_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rope))
   k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
+  if peer is not None:
+    rank, barrier = peer
+    other = arith.xori(rank, c32(1))
+
+    def peer_address(address):
+      return asm(1, [address, other], "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r")[0]
+    # The peer's shared-memory window is contiguous: one mapping serves every offset.
+    peer_offset = arith.subi(peer_address(k_base), k_base)
+    peer_barrier = peer_address(barrier)
 
   def k_address(half, row, col):
     return add(k_base, k_tile_offset(_Int(c32(half)), _Int(row), _Int(col)).value)
@@ -217,11 +286,12 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
   in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, piece,
                       c32(layout.NOPE_DIM % LINE // CHUNK))  # of the last, half-used line
 
-  groups = BLOCK_ROWS // 4 // ROWS_PER_LOAD  # per warp
+  groups = groups_per_warp(peer is not None)
   for first in range(0, groups, GROUPS_IN_FLIGHT):
     loaded = []
     for g in range(first, first + GROUPS_IN_FLIGHT):  # every load of these groups first
-      row = add(add(arith.muli(warp, c32(BLOCK_ROWS // 4)), g * ROWS_PER_LOAD), row_in_group)
+      row = block_row(_Int(warp), g, _Int(row_in_group),
+                      None if peer is None else _Int(rank)).value
       valid, row_address, rope_address = row_addresses(row)
       scales = load16(add(row_address, layout.SCALE_OFFSET))
       data = [load16(add(add(row_address, j * LINE), piece_bytes)) for j in range(FP8_LINES)]

@@ -1,0 +1,146 @@
+"""Two CTAs of a cluster sharing the gather (MosaicConfig.pair_row_blocks): at 128 query rows
+per sequence the two 64-row blocks read the same KV rows, so each producer gathers and
+dequantizes half of every block and writes it into both CTAs' K tiles (FlashMLA's sm90 kernel
+pairs its two head blocks the same way). EXPERIMENTAL: passes the GPU tests on the H200, and
+was slower there than the unpaired kernel (2026-12-03; MosaicConfig.pair_row_blocks).
+
+The peer's half arrives by `st.async` (mosaic_gather's pair mode), which counts its bytes on an
+mbarrier of the receiving CTA, as a TMA copy does. Pallas does not expose its barriers'
+addresses to inline PTX, so those "ready" barriers live in a plain int32 SMEM scratch
+(ready_barriers) and are driven here in PTX: per K tile one barrier that completes when this
+CTA's 128 producer threads have arrived and the peer's PEER_BYTES have landed.
+
+Lifetime: the barriers are initialized and published to the peer before anyone uses them
+(init_ready_barriers: a cluster-wide barrier), and neither CTA exits while the other may still
+write into its shared memory or arrive on its barriers (cluster_sync at the end).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_mla._src.mosaic_gather import PEER_BYTES, barrier_address
+
+NUM_K_TILES = 2
+
+
+def ready_barriers():
+  """The scratch type of the ready barriers: one 8-byte mbarrier per K tile."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  return plgpu.SMEM((2 * NUM_K_TILES,), jnp.int32)
+
+
+def _ir():
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, gpu, llvm
+  return mgpu_utils, ir, arith, gpu, llvm
+
+
+def _void_asm(operands, text, constraints):
+  _, ir, _, _, llvm = _ir()
+  llvm.inline_asm(ir.Type.parse("!llvm.void"), operands, text, constraints,
+                  has_side_effects=True)
+
+
+def _thread_in_block():
+  mgpu_utils, ir, arith, gpu, _ = _ir()
+  del mgpu_utils
+  return arith.index_cast(ir.IntegerType.get_signless(32), gpu.thread_id(gpu.Dimension.x))
+
+
+
+
+def init_ready_barriers(ready_ref):
+  """Called by every thread of the CTA before the roles branch: thread 0 initializes the
+  barriers (128 arrivals each: the local producer's threads), then the whole cluster syncs, so
+  that no peer writes to a barrier before it exists."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+  def init(ctx, ready):
+    del ctx
+    mgpu_utils, ir, arith, _, _ = _ir()
+    i32 = ir.IntegerType.get_signless(32)
+    first = arith.cmpi(arith.CmpIPredicate.eq, _thread_in_block(), mgpu_utils.c(0, i32))
+    for tile in range(NUM_K_TILES):
+      _void_asm([first, barrier_address(ready, mgpu_utils.c(tile, i32))],
+                "@$0 mbarrier.init.shared::cta.b64 [$1], 128;", "b,r")
+    _void_asm([], "fence.mbarrier_init.release.cluster;", "")
+    _cluster_barrier()
+
+  init(ready_ref)
+
+
+def _cluster_barrier():
+  # Not .aligned: the call at the end follows the roles' divergent branches.
+  _void_asm([], "barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;", "")
+
+
+def cluster_sync():
+  """Every thread of both CTAs, at the end: no CTA exits while its peer may still store into
+  its shared memory or arrive on its barriers."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu()
+  def sync(ctx):
+    del ctx
+    _cluster_barrier()
+
+  sync()
+
+
+def arrive_filled(ready_ref, tile):
+  """Called by the producer warpgroup after its gather into K tile `tile`: each thread fences
+  its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects the
+  PEER_BYTES the peer's st.async deliver."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())))
+  def arrive(ctx, ready, tile_):
+    del ctx
+    mgpu_utils, ir, arith, _, _ = _ir()
+    i32 = ir.IntegerType.get_signless(32)
+    address = barrier_address(ready, tile_.registers.flat[0])
+    lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
+    first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
+    _void_asm([], "fence.proxy.async.shared::cta;", "")
+    _void_asm([first, address, mgpu_utils.c(PEER_BYTES, i32)],
+              "{\n\t.reg .pred rest;\n\t.reg .b64 state;\n\tnot.pred rest, $0;\n\t"
+              "@$0 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [$1], $2;\n\t"
+              "@rest mbarrier.arrive.release.cta.shared::cta.b64 state, [$1];\n\t}", "b,r,r")
+
+  arrive(ready_ref, tile)
+
+
+def wait_filled(ready_ref, tile, parity):
+  """Waits (every thread of the calling warpgroup) until K tile `tile` holds both halves of
+  its block: the barrier's phase of parity `parity` (0 or 1, int32) has completed."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), scalar, scalar))
+  def wait(ctx, ready, tile_, parity_):
+    del ctx
+    # pylint: disable=import-outside-toplevel
+    from jaxlib.mlir.dialects import scf
+    mgpu_utils, ir, arith, _, llvm = _ir()
+    i32 = ir.IntegerType.get_signless(32)
+    address = barrier_address(ready, tile_.registers.flat[0])
+    parity_value = parity_.registers.flat[0]
+    loop = scf.WhileOp([], [])
+    before = loop.before.blocks.append()
+    after = loop.after.blocks.append()
+    with ir.InsertionPoint(before):
+      done = llvm.inline_asm(
+          i32, [address, parity_value],
+          "{\n\t.reg .pred p;\n\t"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\t"
+          "selp.u32 $0, 1, 0, p;\n\t}", "=r,r,r", has_side_effects=True)
+      scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.eq, done, mgpu_utils.c(0, i32)), [])
+    with ir.InsertionPoint(after):
+      scf.YieldOp([])
+
+  wait(ready_ref, tile, parity)
