@@ -1,7 +1,7 @@
 """The decode on one GPU: the Pallas backend, the XLA reference, a plain jitted XLA version, and
 the GPU's ceilings, over DeepSeek-V4 shapes (issue 8).
 
-Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-quick|big|tiny]
+Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-quick|big|batch1|tiny]
          [--impls pallas,plain,reference] [--configs 64x64w8s2,...] [--steps 30] [--rounds 3]
          [--out benchmarks/results/NAME]
 
@@ -150,6 +150,10 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_qk_ahead": {"qk_ahead": True},
                 "mosaic_inputs_in_kernel": {"inputs_in_kernel": True},
                 "mosaic_pair": {"pair_row_blocks": True},
+                # Register splits of the direct design's warpgroups (0, 1, producer): the
+                # default before 2026-12-03's ptxas finding, and one that starves the producer.
+                "mosaic_regs_192_160_152": {"direct_registers": (192, 160, 152)},
+                "mosaic_regs_216_192_96": {"direct_registers": (216, 192, 96)},
                 "mosaic_pair_qk_ahead": {"pair_row_blocks": True, "qk_ahead": True},
                 "mosaic_pair_inputs_in_kernel": {"pair_row_blocks": True,
                                                  "inputs_in_kernel": True},
@@ -212,6 +216,8 @@ def shapes_for(suite):
     return [(128, 1, b, 2048) for b in (64, 128)]
   if suite == "quick":
     return [(128, 1, b, k) for b in (1, 64, 128) for k in (512, 2048)]
+  if suite == "batch1":  # where launches and the loop's own step dominate
+    return [(128, 1, 1, 512), (128, 1, 1, 2048), (64, 1, 1, 2048), (16, 4, 1, 2048)]
   if suite == "others-quick":
     return [(h, t, b, k) for h, t in ((64, 1), (16, 4)) for b in (1, 64, 128) for k in (512, 2048)]
   h128 = [(128, 1, b, k) for b in batches for k in lens]
@@ -232,7 +238,8 @@ def check_agreement(p, tokens_per_seq, config, impl="pallas"):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--suite", default="full",
-                  choices=["full", "h128", "others", "quick", "others-quick", "big", "tiny"])
+                  choices=["full", "h128", "others", "quick", "others-quick", "big", "batch1",
+                           "tiny"])
   ap.add_argument("--impls", default="pallas,plain,reference")
   ap.add_argument("--configs", default="", help="Pallas variants, e.g. 64x64w8s2,128x32w16s2")
   ap.add_argument("--steps", type=int, default=30)

@@ -125,6 +125,8 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
+    (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
+    (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
     (dict(design="staged", qk_ahead=True), "qk_ahead, inputs_in_kernel and pair_row_blocks "
      "belong to the direct"),
     (dict(design="staged", pair_row_blocks=True), "belong to the direct design"),

@@ -86,6 +86,10 @@ class MosaicConfig:
   # against 330.1 us at B 128, K 2048; 187.9 against 175.1 at B 64), so the gather is not
   # what bounds the kernel now.
   pair_row_blocks: bool = False
+  # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
+  # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
+  # REGISTERS (REGISTERS_QK_AHEAD with qk_ahead).
+  direct_registers: tuple[int, int, int] | None = None
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -397,6 +401,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                                     or config.pair_row_blocks):
     raise ValueError("MosaicConfig.qk_ahead, inputs_in_kernel and pair_row_blocks belong to "
                      "the direct design")
+  if config.direct_registers is not None and (
+      len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
+      or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
+    raise ValueError("MosaicConfig.direct_registers must be three multiples of 8 in 24..256 "
+                     f"summing to at most {LAUNCH_REGISTERS}, got {config.direct_registers!r}")
   if not 0 <= config.s_padding <= 32:
     raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   if config.consumer_registers % 8 or not 224 <= config.consumer_registers <= 240:
@@ -447,7 +456,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     scratch = mosaic_direct.scratch_types(config.s_padding, pair=pair)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                                qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel,
-                               pair=pair)
+                               pair=pair, registers=config.direct_registers)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

@@ -33,9 +33,12 @@ from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
 # setmaxnreg per role (multiples of 8), summing to mosaic_consumer.LAUNCH_REGISTERS: the QK
-# warpgroup holds S and half of O, the other only half of O and P, the producer a row's loaded
-# words.
-REGISTERS = {0: 192, 1: 160, 2: 152}
+# warpgroup holds S and half of O, the other half of O, S and P, the producer the loaded words
+# of two row groups. ptxas on the H200 (2026-12-03): at 192 / 160 / 152 it spilled 276 bytes
+# and serialized every wgmma for lack of registers (C7512); at 208 / 184 / 112 nothing is
+# serialized, and the kernel took 297.4 against 326.7 us (128 heads, B 128, K 2048); with the
+# producer at 96 it was slower than either (359.1 at 216 / 192 / 96).
+REGISTERS = {0: 208, 1: 184, 2: 112}
 # With qk_ahead, warpgroup 0 also holds the next block's S accumulator while it works on this
 # one's (32 more registers per thread); the producer gives them up.
 REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
@@ -67,7 +70,7 @@ def scratch_types(s_padding=0, pair=False):
 
 def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_full, s_free,
            num_splits, rows, k_full=None, ready=None, qk_ahead=False, inputs_in_kernel=False,
-           pair=False):
+           pair=False, registers=None):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -99,11 +102,21 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
-  registers = REGISTERS_QK_AHEAD if qk_ahead else REGISTERS
+  if registers is None:
+    registers = REGISTERS_QK_AHEAD if qk_ahead else REGISTERS
+  else:
+    registers = dict(enumerate(registers))
+
+  def set_registers(role):
+    # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
+    # instruction.
+    share = mosaic_consumer.LAUNCH_REGISTERS // 3
+    plgpu.set_max_registers(registers[role],
+                            action="increase" if registers[role] > share else "decrease")
 
   @pl.when(wg == 2)
   def _producer():
-    plgpu.set_max_registers(registers[2], action="decrease")
+    set_registers(2)
 
     # An empty split's block is all invalid rows: zeros, and no index read.
     @pl.loop(0, jnp.maximum(steps, 1) if qk_ahead else steps)
@@ -207,7 +220,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
 
   @pl.when(wg == 0)
   def _qk_consumer():
-    plgpu.set_max_registers(registers[0], action="increase")
+    set_registers(0)
     if inputs_in_kernel:
       mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
                                        jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
@@ -235,7 +248,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
 
   @pl.when(wg == 1)
   def _pv_consumer():
-    plgpu.set_max_registers(registers[1], action="decrease")
+    set_registers(1)
 
     def scores(step, tile):
       del tile
