@@ -155,6 +155,8 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
                 "mosaic_regs_192_160_152": {"direct_registers": (192, 160, 152)},
                 "mosaic_regs_216_192_96": {"direct_registers": (216, 192, 96)},
                 "mosaic_pair_qk_ahead": {"pair_row_blocks": True, "qk_ahead": True},
+                "mosaic_share_p": {"share_p": True},
+                "mosaic_pair_share_p": {"pair_row_blocks": True, "share_p": True},
                 "mosaic_pair_inputs_in_kernel": {"pair_row_blocks": True,
                                                  "inputs_in_kernel": True},
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)

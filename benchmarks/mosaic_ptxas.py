@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 NAMED = {"default": {}, "qk_ahead": {"qk_ahead": True}, "pair": {"pair_row_blocks": True},
-         "staged": {"design": "staged"}}
+         "share_p": {"share_p": True}, "staged": {"design": "staged"}}
 INTERESTING = re.compile(r"spill|serializ|Used \d+ registers|C75\d\d|stack frame", re.I)
 
 

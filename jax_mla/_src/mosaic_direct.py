@@ -42,22 +42,32 @@ REGISTERS = {0: 208, 1: 184, 2: 112}
 # With qk_ahead, warpgroup 0 also holds the next block's S accumulator while it works on this
 # one's (32 more registers per thread); the producer gives them up.
 REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
+# With share_p, warpgroup 1 holds only its half of O (P and the row factors come from shared
+# memory).
+REGISTERS_SHARE_P = {0: 216, 1: 160, 2: 128}
 
 
-def scratch_types(s_padding=0, pair=False):
+def scratch_types(s_padding=0, pair=False, share_p=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
-  consumers."""
+  consumers. share_p: warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the row
+  factors instead of S, and its final m and l at the end."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
-      s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32),
       q_bar=plgpu.Barrier(num_arrivals=2),
       s_full=plgpu.Barrier(num_arrivals=1),
       s_free=plgpu.Barrier(num_arrivals=1),
   )
+  if share_p:
+    scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
+                   # Row factors per step; m and l after the last.
+                   rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
+                   ml_full=plgpu.Barrier(num_arrivals=1))
+  else:
+    scratch.update(s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(),
                    k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
@@ -68,9 +78,10 @@ def scratch_types(s_padding=0, pair=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_full, s_free,
-           num_splits, rows, k_full=None, ready=None, qk_ahead=False, inputs_in_kernel=False,
-           pair=False, registers=None):
+def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_free,
+           num_splits, rows, s_smem=None, k_full=None, ready=None, p_smem=None, rows_smem=None,
+           ml_full=None, qk_ahead=False, inputs_in_kernel=False, pair=False, share_p=False,
+           registers=None):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -83,7 +94,13 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
   no XLA passes over Q and the indices first. pair (mosaic_pair): the grid's "rows" axis
   counts pairs of row blocks, the cluster axis "pair" picks one of the two, and the two CTAs
   share each block's gather. EXPERIMENTAL, all three: pass the GPU tests on the H200
-  (2026-12-03); qk_ahead and pair measured slower than without (MosaicConfig)."""
+  (2026-12-03); qk_ahead and pair measured slower than without (MosaicConfig).
+
+  share_p (MosaicConfig.share_p; FlashMLA's split of the work): warpgroup 0 runs the softmax
+  alone and hands warpgroup 1 P in bf16 (in shared memory, its wgmma operand) and the row
+  factors instead of S in f32 (s_full / s_free then guard P), so warpgroup 1 holds only its
+  half of O; at the end it takes m and l from warpgroup 0. EXPERIMENTAL: lowers; not yet run
+  on a GPU."""
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
@@ -102,8 +119,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
+  if share_p and qk_ahead:
+    raise NotImplementedError("share_p with qk_ahead")
   if registers is None:
-    registers = REGISTERS_QK_AHEAD if qk_ahead else REGISTERS
+    registers = (REGISTERS_QK_AHEAD if qk_ahead else REGISTERS_SHARE_P if share_p
+                 else REGISTERS)
   else:
     registers = dict(enumerate(registers))
 
@@ -218,6 +238,70 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
     acc, m_i, l_i, _ = lax.fori_loop(0, steps, step, (*mosaic_consumer.initial_state(), s0))
     write_half(acc, m_i, l_i, 0)
 
+  def softmax_for_both():
+    """Warpgroup 0's loop with share_p: QK, the softmax, P and the row factors published
+    for warpgroup 1, its own PV; m and l published at the end."""
+
+    def step(i, carry):
+      acc, m_i, l_i = carry
+      tile = lax.rem(i, NUM_K_TILES)
+      wait_filled(i)
+
+      def qk(acc_ref):
+        issue_qk(acc_ref, tile)
+        return acc_ref[...]
+      s = pl.run_scoped(qk, s_accumulator)
+      p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, (chunk_lo + i) * BLOCK_KV,
+                                                          length, m_i, l_i)
+      p = p.astype(jnp.bfloat16)
+
+      @pl.when(i > 0)
+      def _wait_p_free():  # warpgroup 1's PV of the previous block is done with P
+        plgpu.barrier_wait(s_free)
+      p_smem[...] = p
+      rows_smem[0] = alpha
+      plgpu.commit_smem()  # P, before warpgroup 1's wgmma reads it
+      plgpu.barrier_arrive(s_full)
+      acc = pv(mosaic_consumer.rescale(acc, alpha), p, tile, 0)
+      plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
+      return acc, m_i, l_i
+
+    acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
+
+    @pl.when(steps > 0)
+    def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
+      plgpu.barrier_wait(s_free)
+    rows_smem[0] = m_i
+    rows_smem[1] = l_i
+    plgpu.barrier_arrive(ml_full)
+    write_half(acc, m_i, l_i, 0)
+
+  def pv_from_shared_p():
+    """Warpgroup 1's loop with share_p: rescale its half of O, then O += P V from shared
+    memory; m and l from warpgroup 0 at the end."""
+    row_layout = wgmma_layout.reduce(1)
+
+    def step(i, acc):
+      tile = lax.rem(i, NUM_K_TILES)
+      if pair:  # see _pv_consumer's scores
+        wait_filled(i)
+      plgpu.barrier_wait(s_full)
+      alpha = plgpu.load(rows_smem.at[0], (), layout=row_layout, optimized=False)
+      acc = mosaic_consumer.rescale(acc, alpha)
+
+      def run(acc_ref):
+        plgpu.wgmma(acc_ref, p_smem, k_smem.at[tile, 1])
+      acc = pl.run_state(run)(plgpu.ACC.init(acc))
+      plgpu.barrier_arrive(s_free)  # P and the factors may be replaced
+      plgpu.barrier_arrive(k_free.at[tile])
+      return acc
+
+    acc = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()[0])
+    plgpu.barrier_wait(ml_full)
+    m_i = plgpu.load(rows_smem.at[0], (), layout=row_layout, optimized=False)
+    l_i = plgpu.load(rows_smem.at[1], (), layout=row_layout, optimized=False)
+    write_half(acc, m_i, l_i, 1)
+
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
@@ -232,6 +316,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
       plgpu.barrier_wait(q_bar)
     if qk_ahead:
       qk_ahead_consumer()
+      return
+    if share_p:
+      softmax_for_both()
       return
 
     def scores(step, tile):
@@ -249,6 +336,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, s_smem, q_bar, k_free, s_
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
+    if share_p:
+      pv_from_shared_p()
+      return
 
     def scores(step, tile):
       del tile
