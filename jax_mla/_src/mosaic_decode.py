@@ -58,7 +58,7 @@ class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
   # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
-  # approx_math, s_padding, qk_ahead and inputs_in_kernel of the fields below. "staged": this
+  # approx_math and the fields from s_padding to share_p below. "staged": this
   # module's (rows bulk-copied into shared memory, both consumers dequantize), which uses the
   # others (and profiling, which only it supports). On the H200
   # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
@@ -88,7 +88,7 @@ class MosaicConfig:
   pair_row_blocks: bool = False
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
-  # REGISTERS (REGISTERS_QK_AHEAD with qk_ahead).
+  # REGISTERS (REGISTERS_QK_AHEAD with qk_ahead, REGISTERS_SHARE_P with share_p).
   direct_registers: tuple[int, int, int] | None = None
   # The direct design's warpgroup 0 runs the softmax alone and hands warpgroup 1 P (bf16) and
   # the row factors through shared memory instead of S (f32), as FlashMLA's sm90 kernel does:

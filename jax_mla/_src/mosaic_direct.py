@@ -69,7 +69,7 @@ def scratch_types(s_padding=0, pair=False, share_p=False):
   else:
     scratch.update(s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32))
   if pair:
-    scratch.update(ready=mosaic_pair.ready_barriers(),
+    scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
                    k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
                                                num_barriers=NUM_K_TILES))
   else:
@@ -119,8 +119,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
-  if share_p and qk_ahead:
-    raise NotImplementedError("share_p with qk_ahead")
   if registers is None:
     registers = (REGISTERS_QK_AHEAD if qk_ahead else REGISTERS_SHARE_P if share_p
                  else REGISTERS)
@@ -169,8 +167,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
       plgpu.barrier_wait(k_full.at[tile])
 
   def pv(acc, p, tile, half):
+    """O[:, half] += P V[:, half]; p: bf16 in registers, or a shared-memory ref."""
     def run(acc_ref):
-      plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), k_smem.at[tile, half])
+      plgpu.wgmma(acc_ref, p, k_smem.at[tile, half])
     return pl.run_state(run)(plgpu.ACC.init(acc))
 
   def consumer(half, body):
@@ -181,7 +180,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
       s = body(i, tile)
       p, acc, m_i, l_i = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
                                                       acc, m_i, l_i)
-      acc = pv(acc, p, tile, half)
+      acc = pv(acc, p.astype(jnp.bfloat16), tile, half)
       plgpu.barrier_arrive(k_free.at[tile])  # this consumer's MMAs on the tile are done
       return acc, m_i, l_i
 
@@ -228,7 +227,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
         issue_qk(s_ref, following)
         p, acc_, m_, l_ = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
                                                        acc, m_i, l_i)
-        acc_ = pv(acc_, p, tile, 0)  # its wait covers the QK issued before it
+        acc_ = pv(acc_, p.astype(jnp.bfloat16), tile, 0)  # its wait covers the QK before it
         return acc_, m_, l_, s_ref[...]
       carry = pl.run_scoped(overlapped, s_accumulator)
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
@@ -287,11 +286,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
         wait_filled(i)
       plgpu.barrier_wait(s_full)
       alpha = plgpu.load(rows_smem.at[0], (), layout=row_layout, optimized=False)
-      acc = mosaic_consumer.rescale(acc, alpha)
-
-      def run(acc_ref):
-        plgpu.wgmma(acc_ref, p_smem, k_smem.at[tile, 1])
-      acc = pl.run_state(run)(plgpu.ACC.init(acc))
+      acc = pv(mosaic_consumer.rescale(acc, alpha), p_smem, tile, 1)
       plgpu.barrier_arrive(s_free)  # P and the factors may be replaced
       plgpu.barrier_arrive(k_free.at[tile])
       return acc

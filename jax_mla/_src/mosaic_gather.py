@@ -104,30 +104,22 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32
   if math not in MATHS:
     raise ValueError(f"math must be one of {MATHS}, got {math!r}")
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  k_type = plgpu.RefType(k_tile_transforms())
-  if pair is None:
-    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
-                                  k_type))
-    def fill(ctx, kv, rope, idx, valid_count, k):
-      del ctx
-      _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp)
+  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
+               plgpu.RefType(k_tile_transforms()))
+  if pair is not None:  # rank, ready_ref, tile
+    arg_types += (scalar, plgpu.RefType(), scalar)
 
-    fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem)
-    return
-
-  rank, ready_ref, tile = pair
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
-                                k_type, scalar, plgpu.RefType(), scalar))
-  def fill_pair(ctx, kv, rope, idx, valid_count, k, rank_, ready, tile_):
+  @plgpu.inline_mgpu(arg_types=arg_types)
+  def fill(ctx, kv, rope, idx, valid_count, k, *pair_args):
     del ctx
-    peer = (rank_.registers.flat[0],
-            barrier_address(ready, tile_.registers.flat[0]))
+    peer = None
+    if pair_args:
+      rank, ready, tile = pair_args
+      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
     _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp,
                peer=peer)
 
-  fill_pair(kv_ref, rope_ref, idx_ref, num_valid, k_smem, rank, ready_ref, tile)
-
+  fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *(pair or ()))
 
 
 def barrier_address(ref, index):

@@ -21,35 +21,31 @@ import jax.numpy as jnp
 
 from jax_mla._src.mosaic_gather import PEER_BYTES, barrier_address
 
-NUM_K_TILES = 2
 
-
-def ready_barriers():
-  """The scratch type of the ready barriers: one 8-byte mbarrier per K tile."""
+def ready_barriers(num_tiles):
+  """The scratch type of the ready barriers: one 8-byte mbarrier (two int32) per K tile."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  return plgpu.SMEM((2 * NUM_K_TILES,), jnp.int32)
+  return plgpu.SMEM((2 * num_tiles,), jnp.int32)
 
 
 def _ir():
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith, gpu, llvm
-  return mgpu_utils, ir, arith, gpu, llvm
+  from jaxlib.mlir.dialects import arith, llvm
+  return mgpu_utils, ir, arith, llvm
 
 
 def _void_asm(operands, text, constraints):
-  _, ir, _, _, llvm = _ir()
+  _, ir, _, llvm = _ir()
   llvm.inline_asm(ir.Type.parse("!llvm.void"), operands, text, constraints,
                   has_side_effects=True)
 
 
 def _thread_in_block():
-  mgpu_utils, ir, arith, gpu, _ = _ir()
-  del mgpu_utils
+  from jaxlib.mlir.dialects import gpu  # pylint: disable=import-outside-toplevel
+  _, ir, arith, _ = _ir()
   return arith.index_cast(ir.IntegerType.get_signless(32), gpu.thread_id(gpu.Dimension.x))
-
-
 
 
 def init_ready_barriers(ready_ref):
@@ -61,10 +57,10 @@ def init_ready_barriers(ready_ref):
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
   def init(ctx, ready):
     del ctx
-    mgpu_utils, ir, arith, _, _ = _ir()
+    mgpu_utils, ir, arith, _ = _ir()
     i32 = ir.IntegerType.get_signless(32)
     first = arith.cmpi(arith.CmpIPredicate.eq, _thread_in_block(), mgpu_utils.c(0, i32))
-    for tile in range(NUM_K_TILES):
+    for tile in range(ir.MemRefType(ready.type).shape[0] // 2):
       _void_asm([first, barrier_address(ready, mgpu_utils.c(tile, i32))],
                 "@$0 mbarrier.init.shared::cta.b64 [$1], 128;", "b,r")
     _void_asm([], "fence.mbarrier_init.release.cluster;", "")
@@ -100,7 +96,7 @@ def arrive_filled(ready_ref, tile):
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())))
   def arrive(ctx, ready, tile_):
     del ctx
-    mgpu_utils, ir, arith, _, _ = _ir()
+    mgpu_utils, ir, arith, _ = _ir()
     i32 = ir.IntegerType.get_signless(32)
     address = barrier_address(ready, tile_.registers.flat[0])
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
@@ -126,7 +122,7 @@ def wait_filled(ready_ref, tile, parity):
     del ctx
     # pylint: disable=import-outside-toplevel
     from jaxlib.mlir.dialects import scf
-    mgpu_utils, ir, arith, _, llvm = _ir()
+    mgpu_utils, ir, arith, llvm = _ir()
     i32 = ir.IntegerType.get_signless(32)
     address = barrier_address(ready, tile_.registers.flat[0])
     parity_value = parity_.registers.flat[0]
