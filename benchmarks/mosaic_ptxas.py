@@ -2,7 +2,8 @@
 the wgmmas (C7512), per MosaicConfig variant.
 
 Usage (on the GPU machine): python benchmarks/mosaic_ptxas.py default qk_ahead 208_184_112 ...
-A variant is a name below or warpgroup registers as R0_R1_R2 (MosaicConfig.direct_registers).
+A variant is a name below, warpgroup registers as R0_R1_R2 (MosaicConfig.direct_registers),
+or both as NAME_R0_R1_R2 (seesaw_200_192_112).
 Each compiles and runs one 128-head decode in a subprocess with MOSAIC_GPU_DUMP_PTXAS=1 and
 prints ptxas's lines about registers, spills, stack and performance loss.
 
@@ -17,16 +18,20 @@ import subprocess
 import sys
 
 NAMED = {"default": {}, "qk_ahead": {"qk_ahead": True}, "pair": {"pair_row_blocks": True},
-         "share_p": {"share_p": True}, "staged": {"design": "staged"}}
+         "share_p": {"share_p": True}, "seesaw": {"seesaw": True},
+         "staged": {"design": "staged"}}
 INTERESTING = re.compile(r"spill|serializ|Used \d+ registers|C75\d\d|stack frame", re.I)
 
 
 def config_fields(name):
   if name in NAMED:
     return NAMED[name]
-  if re.fullmatch(r"\d+_\d+_\d+", name):
-    return {"direct_registers": tuple(int(r) for r in name.split("_"))}
-  raise SystemExit(f"unknown variant {name!r}: one of {sorted(NAMED)} or R0_R1_R2")
+  match = re.fullmatch(r"(?:([a-z_]+)_)?(\d+)_(\d+)_(\d+)", name)
+  if match and (match[1] is None or match[1] in NAMED):
+    return {**NAMED.get(match[1], {}),
+            "direct_registers": tuple(int(r) for r in match.groups()[1:])}
+  raise SystemExit(f"unknown variant {name!r}: one of {sorted(NAMED)}, R0_R1_R2 or "
+                   "NAME_R0_R1_R2")
 
 
 def compile_one(name):

@@ -44,8 +44,9 @@ CONFIGS = {
     "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),
     "pair_row_blocks": md.MosaicConfig(pair_row_blocks=True),
     "pair_qk_ahead": md.MosaicConfig(pair_row_blocks=True, qk_ahead=True),
-    "share_p": md.MosaicConfig(share_p=True),  # not yet run on a GPU
-    "pair_share_p": md.MosaicConfig(pair_row_blocks=True, share_p=True),  # not yet run
+    "share_p": md.MosaicConfig(share_p=True),
+    "pair_share_p": md.MosaicConfig(pair_row_blocks=True, share_p=True),
+    "seesaw": md.MosaicConfig(seesaw=True),
     "staged": md.MosaicConfig(design="staged"),
     "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
     "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
@@ -58,11 +59,12 @@ CONFIGS = {
 # needs two row blocks.
 DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead",
            "direct_inputs_in_kernel": "inputs_in_kernel", "direct_pair": "pair_row_blocks",
-           "direct_share_p": "share_p", "staged": "staged"}
+           "direct_share_p": "share_p", "direct_pair_share_p": "pair_share_p",
+           "direct_seesaw": "seesaw", "staged": "staged"}
 
 
 def heads(design):
-  return 128 if design == "direct_pair" else 64
+  return 128 if design.startswith("direct_pair") else 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,8 +131,11 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
     (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
-    (dict(design="staged", qk_ahead=True), "qk_ahead, inputs_in_kernel, pair_row_blocks and "
-     "share_p belong to the direct"),
+    (dict(design="staged", qk_ahead=True), "qk_ahead, inputs_in_kernel, pair_row_blocks, "
+     "share_p and seesaw belong to the direct"),
+    (dict(design="staged", seesaw=True), "belong to the direct design"),
+    (dict(seesaw=True, share_p=True), "seesaw combines with none of"),
+    (dict(seesaw=True, pair_row_blocks=True), "seesaw combines with none of"),
     (dict(design="staged", share_p=True), "belong to the direct design"),
     (dict(share_p=True, qk_ahead=True), "share_p and qk_ahead do not combine"),
     (dict(design="staged", pair_row_blocks=True), "belong to the direct design"),
@@ -260,8 +265,8 @@ def test_probe_tool_lowers_for_cuda(name, capsys):
 def test_direct_register_splits_fit_the_launch():
   """An increase past what the other warpgroups released waits forever (it hung on the H200
   with 200 + 160 + 152): every split sums to no more than the launch's registers."""
-  from jax_mla._src import mosaic_consumer, mosaic_direct  # pylint: disable=import-outside-toplevel
+  from jax_mla._src import mosaic_consumer, mosaic_direct, mosaic_seesaw  # pylint: disable=import-outside-toplevel
   for split in (mosaic_direct.REGISTERS, mosaic_direct.REGISTERS_QK_AHEAD,
-                mosaic_direct.REGISTERS_SHARE_P):
+                mosaic_direct.REGISTERS_SHARE_P, mosaic_seesaw.REGISTERS):
     assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
     assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())

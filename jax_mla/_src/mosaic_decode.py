@@ -92,8 +92,17 @@ class MosaicConfig:
   direct_registers: tuple[int, int, int] | None = None
   # The direct design's warpgroup 0 runs the softmax alone and hands warpgroup 1 P (bf16) and
   # the row factors through shared memory instead of S (f32), as FlashMLA's sm90 kernel does:
-  # warpgroup 1 then holds only its half of O. EXPERIMENTAL: lowers; not yet run on a GPU.
+  # warpgroup 1 then holds only its half of O. Passes the GPU tests, and is faster on the
+  # H200 (2026-12-03, 128 heads, K 2048: 277.0 against 296.9 us at B 128; with
+  # pair_row_blocks too, 246.8).
   share_p: bool = False
+  # The direct design's consumers take the KV blocks in pairs and each computes one block's
+  # QK and softmax per pair, handing the other its P (FlashMLA's "seesaw" order,
+  # mosaic_seesaw), so both warpgroups do the same tensor-core work. Combines with none of
+  # qk_ahead, inputs_in_kernel, pair_row_blocks and share_p. Passes the GPU tests, and is
+  # much slower on the H200 (2026-12-03: 495.5 against 296.9 us at 128 heads, B 128, K 2048;
+  # ptxas spilled 1272 bytes).
+  seesaw: bool = False
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -402,11 +411,16 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
   if config.design != "direct" and (config.qk_ahead or config.inputs_in_kernel
-                                    or config.pair_row_blocks or config.share_p):
-    raise ValueError("MosaicConfig.qk_ahead, inputs_in_kernel, pair_row_blocks and share_p "
-                     "belong to the direct design")
+                                    or config.pair_row_blocks or config.share_p
+                                    or config.seesaw):
+    raise ValueError("MosaicConfig.qk_ahead, inputs_in_kernel, pair_row_blocks, share_p and "
+                     "seesaw belong to the direct design")
   if config.share_p and config.qk_ahead:
     raise ValueError("MosaicConfig.share_p and qk_ahead do not combine")
+  if config.seesaw and (config.qk_ahead or config.inputs_in_kernel or config.pair_row_blocks
+                        or config.share_p):
+    raise ValueError("MosaicConfig.seesaw combines with none of qk_ahead, inputs_in_kernel, "
+                     "pair_row_blocks and share_p")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
@@ -459,10 +473,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
   if config.design == "direct":
-    scratch = mosaic_direct.scratch_types(config.s_padding, pair=pair, share_p=config.share_p)
+    scratch = mosaic_direct.scratch_types(config.s_padding, pair=pair, share_p=config.share_p,
+                                          seesaw=config.seesaw)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                                qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel,
-                               pair=pair, share_p=config.share_p,
+                               pair=pair, share_p=config.share_p, seesaw=config.seesaw,
                                registers=config.direct_registers)
   else:
     scratch, kernel = _staged_kernel(config, splits)

@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_gather
 from jax_mla._src import mosaic_pair
+from jax_mla._src import mosaic_seesaw
 from jax_mla._src.kernel_math import split_chunks
 from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
@@ -47,26 +48,29 @@ REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
 REGISTERS_SHARE_P = {0: 216, 1: 160, 2: 128}
 
 
-def scratch_types(s_padding=0, pair=False, share_p=False):
+def scratch_types(s_padding=0, pair=False, share_p=False, seesaw=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
   consumers. share_p: warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the row
-  factors instead of S, and its final m and l at the end."""
+  factors instead of S, and its final m and l at the end. seesaw: mosaic_seesaw's P slots,
+  factors and barriers instead of the S exchange."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
       q_bar=plgpu.Barrier(num_arrivals=2),
-      s_full=plgpu.Barrier(num_arrivals=1),
-      s_free=plgpu.Barrier(num_arrivals=1),
   )
+  if seesaw:
+    scratch.update(mosaic_seesaw.scratch_types())
+  else:
+    scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
   if share_p:
     scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                    # Row factors per step; m and l after the last.
                    rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
                    ml_full=plgpu.Barrier(num_arrivals=1))
-  else:
+  elif not seesaw:
     scratch.update(s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
@@ -78,10 +82,11 @@ def scratch_types(s_padding=0, pair=False, share_p=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_free,
-           num_splits, rows, s_smem=None, k_full=None, ready=None, p_smem=None, rows_smem=None,
-           ml_full=None, qk_ahead=False, inputs_in_kernel=False, pair=False, share_p=False,
-           registers=None):
+def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits, rows,
+           s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
+           rows_smem=None, ml_full=None, p_a_smem=None, p_b_smem=None, p_full=None,
+           p_free=None, qk_ahead=False,
+           inputs_in_kernel=False, pair=False, share_p=False, seesaw=False, registers=None):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -99,8 +104,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
   share_p (MosaicConfig.share_p; FlashMLA's split of the work): warpgroup 0 runs the softmax
   alone and hands warpgroup 1 P in bf16 (in shared memory, its wgmma operand) and the row
   factors instead of S in f32 (s_full / s_free then guard P), so warpgroup 1 holds only its
-  half of O; at the end it takes m and l from warpgroup 0. EXPERIMENTAL: lowers; not yet run
-  on a GPU."""
+  half of O; at the end it takes m and l from warpgroup 0. Passes the GPU tests on the H200
+  and is faster than without (2026-12-03).
+
+  seesaw (MosaicConfig.seesaw): mosaic_seesaw's consumers, which take the blocks in pairs
+  and each compute one QK per pair. Passes the GPU tests; much slower (ptxas spills)."""
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
@@ -119,9 +127,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
+  # The seesaw's consumers may read one block past the split: its entries belong to the next.
+  split_limit = jnp.minimum(length, chunk_hi * BLOCK_KV) if seesaw else None
   if registers is None:
     registers = (REGISTERS_QK_AHEAD if qk_ahead else REGISTERS_SHARE_P if share_p
-                 else REGISTERS)
+                 else mosaic_seesaw.REGISTERS if seesaw else REGISTERS)
   else:
     registers = dict(enumerate(registers))
 
@@ -136,8 +146,14 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
   def _producer():
     set_registers(2)
 
-    # An empty split's block is all invalid rows: zeros, and no index read.
-    @pl.loop(0, jnp.maximum(steps, 1) if qk_ahead else steps)
+    # An empty split's block is all invalid rows: zeros, and no index read; so is the
+    # seesaw's block past an odd split's end.
+    if seesaw:
+      fills, limit = 2 * mosaic_seesaw.num_pairs(steps), split_limit
+    else:
+      fills, limit = jnp.maximum(steps, 1) if qk_ahead else steps, length
+
+    @pl.loop(0, fills)
     def _fill(step):
       tile = lax.rem(step, NUM_K_TILES)
 
@@ -146,7 +162,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
         plgpu.barrier_wait(k_free.at[tile])
 
       first = (chunk_lo + step) * BLOCK_KV
-      num_valid = jnp.clip(length - first, 0, BLOCK_KV)
+      num_valid = jnp.clip(limit - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
                                       num_valid, k_smem.at[tile], clamp=inputs_in_kernel,
                                       pair=(rank, ready, tile) if pair else None)
@@ -297,6 +313,13 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
     l_i = plgpu.load(rows_smem.at[1], (), layout=row_layout, optimized=False)
     write_half(acc, m_i, l_i, 1)
 
+  def seesaw_consumer(half):
+    mosaic_seesaw.consumer(half, k_smem=k_smem, p_smems=(p_a_smem, p_b_smem),
+                           rows_smem=rows_smem, p_full=p_full, p_free=p_free, k_free=k_free,
+                           steps=steps, chunk_lo=chunk_lo, limit=split_limit,
+                           wait_filled=wait_filled, issue_qk=issue_qk, pv=pv,
+                           write_half=write_half)
+
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
@@ -314,6 +337,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
       return
     if share_p:
       softmax_for_both()
+      return
+    if seesaw:
+      seesaw_consumer(0)
       return
 
     def scores(step, tile):
@@ -333,6 +359,10 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, s_full, s_
     set_registers(1)
     if share_p:
       pv_from_shared_p()
+      return
+    if seesaw:
+      plgpu.barrier_wait(q_bar)  # it computes QK too
+      seesaw_consumer(1)
       return
 
     def scores(step, tile):
