@@ -140,28 +140,37 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
   raise ValueError(impl)
 
 
-# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name. Since
-# 2026-12-03 "mosaic" is the direct design; the results of earlier sessions call the staged
-# design "mosaic" and its variants by the names below without "staged_".
+# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name. Renamed
+# with the defaults, twice: since 2026-12-03 (ninth session) "mosaic" is the direct design
+# with the "p_exchange" consumers and paired CTAs, and the eighth session's "mosaic",
+# "mosaic_share_p" and "mosaic_pair_share_p" are "mosaic_s_exchange", "mosaic_unpaired" and
+# "mosaic" (its "mosaic_pair", "mosaic_qk_ahead" and "mosaic_pair_qk_ahead":
+# "mosaic_s_exchange_paired", "mosaic_qk_ahead" and "mosaic_qk_ahead_paired"); before the
+# seventh session "mosaic" was the staged design, named below with "staged_".
 _STAGED = {"design": "staged"}
-MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpadded_s": {"s_padding": 0},
+_UNPAIRED = {"pair_row_blocks": False}
+_S_EXCHANGE = {"consumers": "s_exchange", **_UNPAIRED}
+MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
+                "mosaic_s_exchange": _S_EXCHANGE,
+                "mosaic_s_exchange_unpadded_s": {**_S_EXCHANGE, "s_padding": 0},
+                "mosaic_s_exchange_paired": {"consumers": "s_exchange"},
                 "mosaic_fill": {"split_rule": "fill"},
                 "mosaic_exact": {"approx_math": False},
-                "mosaic_qk_ahead": {"qk_ahead": True},
+                "mosaic_qk_ahead": {"consumers": "s_exchange_qk_ahead", **_UNPAIRED},
+                "mosaic_qk_ahead_paired": {"consumers": "s_exchange_qk_ahead"},
+                "mosaic_seesaw": {"consumers": "seesaw"},
+                "mosaic_seesaw_unpaired": {"consumers": "seesaw", **_UNPAIRED},
                 "mosaic_inputs_in_kernel": {"inputs_in_kernel": True},
-                "mosaic_pair": {"pair_row_blocks": True},
-                # Register splits of the direct design's warpgroups (0, 1, producer): the
-                # default before 2026-12-03's ptxas finding, and one that starves the producer.
-                "mosaic_regs_192_160_152": {"direct_registers": (192, 160, 152)},
-                "mosaic_regs_216_192_96": {"direct_registers": (216, 192, 96)},
-                "mosaic_pair_qk_ahead": {"pair_row_blocks": True, "qk_ahead": True},
-                "mosaic_share_p": {"share_p": True},
-                "mosaic_pair_share_p": {"pair_row_blocks": True, "share_p": True},
-                "mosaic_seesaw": {"seesaw": True},
-                "mosaic_seesaw_192_192_120": {"seesaw": True, "direct_registers": (192, 192, 120)},
-                "mosaic_seesaw_208_184_112": {"seesaw": True, "direct_registers": (208, 184, 112)},
-                "mosaic_pair_inputs_in_kernel": {"pair_row_blocks": True,
-                                                 "inputs_in_kernel": True},
+                "mosaic_s_exchange_inputs_in_kernel": {**_S_EXCHANGE, "inputs_in_kernel": True},
+                # Register splits (warpgroups 0, 1, producer): of the default consumers, and
+                # of "s_exchange" (its default before 2026-12-03's ptxas finding, and one that
+                # starves the producer).
+                "mosaic_regs_224_168_112": {"direct_registers": (224, 168, 112)},
+                "mosaic_regs_208_176_120": {"direct_registers": (208, 176, 120)},
+                "mosaic_s_exchange_regs_192_160_152": {**_S_EXCHANGE,
+                                                       "direct_registers": (192, 160, 152)},
+                "mosaic_s_exchange_regs_216_192_96": {**_S_EXCHANGE,
+                                                      "direct_registers": (216, 192, 96)},
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
                 # and the merge may cost more than the steps they spread.
                 "mosaic_splits_128": {"min_split_entries": 128},

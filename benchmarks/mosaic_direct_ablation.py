@@ -72,7 +72,8 @@ def main():
   ap.add_argument("--kv-len", type=int, default=2048)
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--rounds", type=int, default=5)
-  ap.add_argument("--impl", default="mosaic",
+  # The ablations were written for the "s_exchange" consumers (warpgroup 1 reads S).
+  ap.add_argument("--impl", default="mosaic_s_exchange",
                   help="a direct-design variant of gpu_decode.MOSAIC_IMPLS, e.g. mosaic_qk_ahead")
   a = ap.parse_args()
   cfg = mosaic_decode.MosaicConfig(**gd.MOSAIC_IMPLS[a.impl])

@@ -1,9 +1,9 @@
 """What ptxas says about the Mosaic decode kernel: registers, spills, and whether it serialized
 the wgmmas (C7512), per MosaicConfig variant.
 
-Usage (on the GPU machine): python benchmarks/mosaic_ptxas.py default qk_ahead 208_184_112 ...
+Usage (on the GPU machine): python benchmarks/mosaic_ptxas.py default s_exchange 216_160_128 ...
 A variant is a name below, warpgroup registers as R0_R1_R2 (MosaicConfig.direct_registers),
-or both as NAME_R0_R1_R2 (seesaw_200_192_112).
+or both as NAME_R0_R1_R2 (s_exchange_208_184_112).
 Each compiles and runs one 128-head decode in a subprocess with MOSAIC_GPU_DUMP_PTXAS=1 and
 prints ptxas's lines about registers, spills, stack and performance loss.
 
@@ -17,9 +17,10 @@ import re
 import subprocess
 import sys
 
-NAMED = {"default": {}, "qk_ahead": {"qk_ahead": True}, "pair": {"pair_row_blocks": True},
-         "share_p": {"share_p": True}, "seesaw": {"seesaw": True},
-         "staged": {"design": "staged"}}
+NAMED = {"default": {}, "unpaired": {"pair_row_blocks": False},
+         "s_exchange": {"consumers": "s_exchange", "pair_row_blocks": False},
+         "qk_ahead": {"consumers": "s_exchange_qk_ahead", "pair_row_blocks": False},
+         "seesaw": {"consumers": "seesaw"}, "staged": {"design": "staged"}}
 INTERESTING = re.compile(r"spill|serializ|Used \d+ registers|C75\d\d|stack frame", re.I)
 
 

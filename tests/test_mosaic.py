@@ -35,18 +35,22 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 
 
 # The kernel's variants (see MosaicConfig). The first is the default.
+UNPAIRED = dict(pair_row_blocks=False)
+S_EXCHANGE = dict(consumers="s_exchange", **UNPAIRED)
 CONFIGS = {
-    "default": md.MosaicConfig(),  # the direct design
-    "unpadded_s": md.MosaicConfig(s_padding=0),
+    "default": md.MosaicConfig(),  # the direct design, "p_exchange" consumers, paired CTAs
+    "unpaired": md.MosaicConfig(**UNPAIRED),
+    "s_exchange": md.MosaicConfig(**S_EXCHANGE),
+    "s_exchange_unpadded_s": md.MosaicConfig(s_padding=0, **S_EXCHANGE),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
-    "qk_ahead": md.MosaicConfig(qk_ahead=True),
+    "qk_ahead": md.MosaicConfig(consumers="s_exchange_qk_ahead", **UNPAIRED),
+    "s_exchange_inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True, **S_EXCHANGE),
     "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),
-    "pair_row_blocks": md.MosaicConfig(pair_row_blocks=True),
-    "pair_qk_ahead": md.MosaicConfig(pair_row_blocks=True, qk_ahead=True),
-    "share_p": md.MosaicConfig(share_p=True),
-    "pair_share_p": md.MosaicConfig(pair_row_blocks=True, share_p=True),
-    "seesaw": md.MosaicConfig(seesaw=True),
+    "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
+    "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
+    "seesaw_unpaired": md.MosaicConfig(consumers="seesaw", **UNPAIRED),
+    "seesaw": md.MosaicConfig(consumers="seesaw"),
     "staged": md.MosaicConfig(design="staged"),
     "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
     "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
@@ -54,17 +58,18 @@ CONFIGS = {
     "staged_exact_math": md.MosaicConfig(design="staged", approx_math=False),
     "staged_registers_240": md.MosaicConfig(design="staged", consumer_registers=240),
 }
-# Each design (and qk_ahead, whose empty splits take their own path) runs the contract tests
-# below (sinks, indices, poison, NaN, empty rows), at 64 heads, or at 128 where the design
-# needs two row blocks.
-DESIGNS = {"direct": "default", "direct_qk_ahead": "qk_ahead",
-           "direct_inputs_in_kernel": "inputs_in_kernel", "direct_pair": "pair_row_blocks",
-           "direct_share_p": "share_p", "direct_pair_share_p": "pair_share_p",
-           "direct_seesaw": "seesaw", "staged": "staged"}
+# Each design, and each consumer split and path of the direct one, runs the contract tests
+# below (sinks, indices, poison, NaN, empty rows): at 128 heads where its CTAs are paired (two
+# row blocks), else at 64.
+DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
+           "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
+           "direct_inputs_in_kernel": "s_exchange_inputs_in_kernel",
+           "direct_seesaw": "seesaw_unpaired", "staged": "staged"}
 
 
 def heads(design):
-  return 128 if design.startswith("direct_pair") else 64
+  config = CONFIGS[DESIGNS[design]]
+  return 128 if config.design == "direct" and config.pair_row_blocks is not False else 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,15 +136,13 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
     (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
-    (dict(design="staged", qk_ahead=True), "qk_ahead, inputs_in_kernel, pair_row_blocks, "
-     "share_p and seesaw belong to the direct"),
-    (dict(design="staged", seesaw=True), "belong to the direct design"),
-    (dict(seesaw=True, share_p=True), "seesaw combines with none of"),
-    (dict(seesaw=True, pair_row_blocks=True), "seesaw combines with none of"),
-    (dict(design="staged", share_p=True), "belong to the direct design"),
-    (dict(share_p=True, qk_ahead=True), "share_p and qk_ahead do not combine"),
-    (dict(design="staged", pair_row_blocks=True), "belong to the direct design"),
+    (dict(consumers="seesaw_ahead"), r"consumers must be one of \('p_exchange', "),
+    (dict(consumers="seesaw", inputs_in_kernel=True), "inputs_in_kernel does not combine"),
+    (dict(design="staged", consumers="s_exchange"), "consumers, inputs_in_kernel, "
+     "pair_row_blocks and direct_registers belong to the direct design"),
+    (dict(design="staged", pair_row_blocks=False), "belong to the direct design"),
     (dict(design="staged", inputs_in_kernel=True), "belong to the direct design"),
+    (dict(design="staged", direct_registers=(208, 184, 112)), "belong to the direct design"),
     (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
     (dict(profile_dir="/tmp/x", profile_steps=4), "only the staged design has profiled regions"),
     (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
@@ -265,8 +268,8 @@ def test_probe_tool_lowers_for_cuda(name, capsys):
 def test_direct_register_splits_fit_the_launch():
   """An increase past what the other warpgroups released waits forever (it hung on the H200
   with 200 + 160 + 152): every split sums to no more than the launch's registers."""
-  from jax_mla._src import mosaic_consumer, mosaic_direct, mosaic_seesaw  # pylint: disable=import-outside-toplevel
-  for split in (mosaic_direct.REGISTERS, mosaic_direct.REGISTERS_QK_AHEAD,
-                mosaic_direct.REGISTERS_SHARE_P, mosaic_seesaw.REGISTERS):
+  from jax_mla._src import mosaic_consumer, mosaic_direct  # pylint: disable=import-outside-toplevel
+  assert set(mosaic_direct.REGISTERS) == set(mosaic_direct.CONSUMERS)
+  for split in mosaic_direct.REGISTERS.values():
     assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
     assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())

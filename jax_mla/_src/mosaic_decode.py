@@ -57,52 +57,44 @@ DESIGNS = ("direct", "staged")
 class MosaicConfig:
   """num_stages: raw-row buffers (copies of this many blocks in flight)."""
   # "direct": mosaic_direct's kernel (the producer gathers and dequantizes from global memory
-  # into two K tiles, asymmetric consumers), which uses only min_split_entries, split_rule,
-  # approx_math and the fields from s_padding to share_p below. "staged": this
+  # into two K tiles), which uses only min_split_entries, split_rule, approx_math and the
+  # fields from s_padding to direct_registers below. "staged": this
   # module's (rows bulk-copied into shared memory, both consumers dequantize), which uses the
   # others (and profiling, which only it supports). On the H200
   # (2026-12-03) "direct" was 13-22% faster at batch 64 and 128 over 128 heads, 64 heads and
   # 16 x 4 (e.g. 330.9 against 420.6 us at 128 heads, B 128, K 2048) and within 8% either way
   # at batch 1.
   design: str = "direct"
-  # The direct design's S exchange: f32 columns of padding after each of S's 64 in shared
-  # memory. Unpadded, the eight rows a wgmma-layout store or load touches at once all start
-  # on the same bank (8-way conflicts); 8 columns put four rows on distinct banks per
-  # half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads, B 128, K 2048.
+  # The direct design's S exchange (the "s_exchange" consumers): f32 columns of padding after
+  # each of S's 64 in shared memory. Unpadded, the eight rows a wgmma-layout store or load
+  # touches at once all start on the same bank (8-way conflicts); 8 columns put four rows on
+  # distinct banks per half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads,
+  # B 128, K 2048.
   s_padding: int = 8
-  # The direct design's warpgroup 0 issues block n + 1's QK before block n's softmax and PV
-  # (mosaic_direct.kernel). Passes the GPU tests; slower on the H200 (2026-12-03, 128 heads,
-  # K 2048: 443.8 against 330.1 us at B 128, 235.2 against 175.1 at B 64).
-  qk_ahead: bool = False
+  # The direct design's division of each block's work between its two consumer warpgroups
+  # (mosaic_direct.CONSUMERS); None: "p_exchange". On the H200 (2026-12-03, 128 heads, K
+  # 2048, B 128; each pair of numbers from one run): "p_exchange" 277.0 against 296.9 us for
+  # "s_exchange"; "s_exchange_qk_ahead" 443.8 against 330.1 for "s_exchange" (an earlier
+  # register split; ptxas serialized its wgmmas, C7512 and C7519); "seesaw" 495.5 against
+  # 296.9 (ptxas spilled 1272 bytes).
+  consumers: str | None = None
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
   # before the kernel (Q's dequantization and padding, the indices' padding and clamping),
-  # which at batch 1 are launches of their own. Passes the GPU tests (2026-12-03); its speed
-  # is not yet measured.
+  # which at batch 1 are launches of their own. Passes the GPU tests; at batch 1 on the H200
+  # (2026-12-03, "s_exchange") no consistent win: 28.7 against 25.6 us at 128 heads, K 512,
+  # 31.2 against 41.0 at 64 heads, K 2048.
   inputs_in_kernel: bool = False
   # The direct design pairs the CTAs of row blocks 2j and 2j + 1 (128 heads: both blocks of a
   # sequence) in a cluster, and each gathers and dequantizes half of every KV block into both
   # (mosaic_pair). Without it both gather every row. Ignored when the row blocks are odd in
-  # number. Passes the GPU tests, and is slower on the H200 (2026-12-03, 128 heads: 352.6
-  # against 330.1 us at B 128, K 2048; 187.9 against 175.1 at B 64), so the gather is not
-  # what bounds the kernel now.
-  pair_row_blocks: bool = False
+  # number. None: on. On the H200 (2026-12-03, 128 heads, K 2048) with "p_exchange": 246.8
+  # against 277.0 us at B 128, 136.4 against 150.3 at B 64; with "s_exchange" and an earlier
+  # register split it was slower (352.6 against 330.1 at B 128).
+  pair_row_blocks: bool | None = None
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
-  # REGISTERS (REGISTERS_QK_AHEAD with qk_ahead, REGISTERS_SHARE_P with share_p).
+  # REGISTERS for the consumers.
   direct_registers: tuple[int, int, int] | None = None
-  # The direct design's warpgroup 0 runs the softmax alone and hands warpgroup 1 P (bf16) and
-  # the row factors through shared memory instead of S (f32), as FlashMLA's sm90 kernel does:
-  # warpgroup 1 then holds only its half of O. Passes the GPU tests, and is faster on the
-  # H200 (2026-12-03, 128 heads, K 2048: 277.0 against 296.9 us at B 128; with
-  # pair_row_blocks too, 246.8).
-  share_p: bool = False
-  # The direct design's consumers take the KV blocks in pairs and each computes one block's
-  # QK and softmax per pair, handing the other its P (FlashMLA's "seesaw" order,
-  # mosaic_seesaw), so both warpgroups do the same tensor-core work. Combines with none of
-  # qk_ahead, inputs_in_kernel, pair_row_blocks and share_p. Passes the GPU tests, and is
-  # much slower on the H200 (2026-12-03: 495.5 against 296.9 us at 128 heads, B 128, K 2048;
-  # ptxas spilled 1272 bytes).
-  seesaw: bool = False
   num_stages: int = 2
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -410,17 +402,19 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                      f"got {config.split_rule!r}")
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
-  if config.design != "direct" and (config.qk_ahead or config.inputs_in_kernel
-                                    or config.pair_row_blocks or config.share_p
-                                    or config.seesaw):
-    raise ValueError("MosaicConfig.qk_ahead, inputs_in_kernel, pair_row_blocks, share_p and "
-                     "seesaw belong to the direct design")
-  if config.share_p and config.qk_ahead:
-    raise ValueError("MosaicConfig.share_p and qk_ahead do not combine")
-  if config.seesaw and (config.qk_ahead or config.inputs_in_kernel or config.pair_row_blocks
-                        or config.share_p):
-    raise ValueError("MosaicConfig.seesaw combines with none of qk_ahead, inputs_in_kernel, "
-                     "pair_row_blocks and share_p")
+  direct = config.design == "direct"
+  if not direct and (config.consumers is not None or config.inputs_in_kernel
+                     or config.pair_row_blocks is not None
+                     or config.direct_registers is not None):
+    raise ValueError("MosaicConfig.consumers, inputs_in_kernel, pair_row_blocks and "
+                     "direct_registers belong to the direct design")
+  consumers = config.consumers or "p_exchange"
+  if consumers not in mosaic_direct.CONSUMERS:
+    raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
+                     f"got {config.consumers!r}")
+  if consumers == "seesaw" and config.inputs_in_kernel:
+    raise ValueError("MosaicConfig.inputs_in_kernel does not combine with the \"seesaw\" "
+                     "consumers")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
@@ -447,7 +441,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       rule=config.split_rule)
 
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  in_kernel = config.design == "direct" and config.inputs_in_kernel
+  in_kernel = direct and config.inputs_in_kernel
   if in_kernel:
     q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
                 q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
@@ -468,16 +462,14 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     indices = jnp.pad(kv_indices.astype(jnp.int32), (0, num_padded - kv_indices.shape[0]))
     indices = jnp.clip(indices, 0, kv.shape[0] - 1)
 
-  pair = config.design == "direct" and config.pair_row_blocks and row_blocks % 2 == 0
+  pair = direct and config.pair_row_blocks is not False and row_blocks % 2 == 0
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
-  if config.design == "direct":
-    scratch = mosaic_direct.scratch_types(config.s_padding, pair=pair, share_p=config.share_p,
-                                          seesaw=config.seesaw)
+  if direct:
+    scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
-                               qk_ahead=config.qk_ahead, inputs_in_kernel=in_kernel,
-                               pair=pair, share_p=config.share_p, seesaw=config.seesaw,
+                               consumers=consumers, inputs_in_kernel=in_kernel, pair=pair,
                                registers=config.direct_registers)
   else:
     scratch, kernel = _staged_kernel(config, splits)

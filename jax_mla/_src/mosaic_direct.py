@@ -33,27 +33,41 @@ from jax_mla._src.kernel_math import split_chunks
 from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
-# setmaxnreg per role (multiples of 8), summing to mosaic_consumer.LAUNCH_REGISTERS: the QK
-# warpgroup holds S and half of O, the other half of O, S and P, the producer the loaded words
-# of two row groups. ptxas on the H200 (2026-12-03): at 192 / 160 / 152 it spilled 276 bytes
-# and serialized every wgmma for lack of registers (C7512); at 208 / 184 / 112 nothing is
-# serialized, and the kernel took 297.4 against 326.7 us (128 heads, B 128, K 2048); with the
-# producer at 96 it was slower than either (359.1 at 216 / 192 / 96).
-REGISTERS = {0: 208, 1: 184, 2: 112}
-# With qk_ahead, warpgroup 0 also holds the next block's S accumulator while it works on this
-# one's (32 more registers per thread); the producer gives them up.
-REGISTERS_QK_AHEAD = {0: 224, 1: 160, 2: 120}
-# With share_p, warpgroup 1 holds only its half of O (P and the row factors come from shared
-# memory).
-REGISTERS_SHARE_P = {0: 216, 1: 160, 2: 128}
+# How the two consumer warpgroups divide a block's work (MosaicConfig.consumers):
+# "p_exchange": warpgroup 0 computes S and runs the softmax, and hands warpgroup 1 P (bf16, in
+#   shared memory, its wgmma operand) and the row factors; warpgroup 1 only rescales its half
+#   of O and adds P V. FlashMLA's sm90 split of the work.
+# "s_exchange": warpgroup 0 computes S and hands it to warpgroup 1 in f32; both run the same
+#   softmax (the same operations on the same values, so the same m and l bit for bit).
+# "s_exchange_qk_ahead": "s_exchange", with warpgroup 0 issuing block n + 1's QK before block
+#   n's softmax and PV, so the tensor cores compute it while the softmax runs.
+# "seesaw": mosaic_seesaw's, the blocks taken in pairs, one QK per warpgroup per pair.
+CONSUMERS = ("p_exchange", "s_exchange", "s_exchange_qk_ahead", "seesaw")
+# setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to
+# mosaic_consumer.LAUNCH_REGISTERS, per consumer split. The producer holds the loaded words of
+# two row groups.
+REGISTERS = {
+    # Warpgroup 1 holds only its half of O. ptxas (H200, 2026-12-03): no spills.
+    "p_exchange": {0: 216, 1: 160, 2: 128},
+    # Warpgroup 0 holds S and half of O, warpgroup 1 the other half, S and P. ptxas on the
+    # H200 (2026-12-03): at 192 / 160 / 152 it spilled 276 bytes and serialized every wgmma
+    # for lack of registers (C7512); at 208 / 184 / 112 it spills 88 bytes and serializes
+    # nothing, and the kernel took 297.4 against 326.7 us (128 heads, B 128, K 2048); with
+    # the producer at 96 it was slower than either (359.1 at 216 / 192 / 96).
+    "s_exchange": {0: 208, 1: 184, 2: 112},
+    # Warpgroup 0 also holds the next block's S accumulator while it works on this one's (32
+    # more registers per thread); the producer gives them up.
+    "s_exchange_qk_ahead": {0: 224, 1: 160, 2: 120},
+    "seesaw": mosaic_seesaw.REGISTERS,
+}
 
 
-def scratch_types(s_padding=0, pair=False, share_p=False, seesaw=False):
+def scratch_types(consumers, s_padding=0, pair=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
-  consumers. share_p: warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the row
-  factors instead of S, and its final m and l at the end. seesaw: mosaic_seesaw's P slots,
-  factors and barriers instead of the S exchange."""
+  consumers. "p_exchange": warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the
+  row factors instead of S, and its final m and l at the end. "seesaw": mosaic_seesaw's P
+  tiles, factors and barriers instead of the S exchange."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   scratch = dict(
@@ -61,16 +75,16 @@ def scratch_types(s_padding=0, pair=False, share_p=False, seesaw=False):
       k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
       q_bar=plgpu.Barrier(num_arrivals=2),
   )
-  if seesaw:
+  if consumers == "seesaw":
     scratch.update(mosaic_seesaw.scratch_types())
   else:
     scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
-  if share_p:
+  if consumers == "p_exchange":
     scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                    # Row factors per step; m and l after the last.
                    rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
                    ml_full=plgpu.Barrier(num_arrivals=1))
-  elif not seesaw:
+  elif consumers != "seesaw":
     scratch.update(s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
@@ -85,30 +99,25 @@ def scratch_types(s_padding=0, pair=False, share_p=False, seesaw=False):
 def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits, rows,
            s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
            rows_smem=None, ml_full=None, p_a_smem=None, p_b_smem=None, p_full=None,
-           p_free=None, qk_ahead=False,
-           inputs_in_kernel=False, pair=False, share_p=False, seesaw=False, registers=None):
+           p_free=None, consumers="p_exchange", inputs_in_kernel=False, pair=False,
+           registers=None):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
 
-  qk_ahead (MosaicConfig.qk_ahead): warpgroup 0 issues block n + 1's QK before block n's
-  softmax and PV, so the tensor cores compute it while the softmax runs (the producer then
-  fills at least one tile, so that the first QK never waits for a block that does not
-  come). inputs_in_kernel (MosaicConfig.inputs_in_kernel): warpgroup 0 dequantizes its Q
-  block from the packed rows itself, and the producer clamps the indices, so the call needs
-  no XLA passes over Q and the indices first. pair (mosaic_pair): the grid's "rows" axis
-  counts pairs of row blocks, the cluster axis "pair" picks one of the two, and the two CTAs
-  share each block's gather. EXPERIMENTAL, all three: pass the GPU tests on the H200
-  (2026-12-03); qk_ahead and pair measured slower than without (MosaicConfig).
-
-  share_p (MosaicConfig.share_p; FlashMLA's split of the work): warpgroup 0 runs the softmax
-  alone and hands warpgroup 1 P in bf16 (in shared memory, its wgmma operand) and the row
-  factors instead of S in f32 (s_full / s_free then guard P), so warpgroup 1 holds only its
-  half of O; at the end it takes m and l from warpgroup 0. Passes the GPU tests on the H200
-  and is faster than without (2026-12-03).
-
-  seesaw (MosaicConfig.seesaw): mosaic_seesaw's consumers, which take the blocks in pairs
-  and each compute one QK per pair. Passes the GPU tests; much slower (ptxas spills)."""
+  consumers: one of CONSUMERS (above). With "p_exchange" s_full / s_free guard P and the
+  row factors, and warpgroup 1 takes m and l from warpgroup 0 at the end. With
+  "s_exchange_qk_ahead" the producer fills at least one tile, so that the first QK never
+  waits for a block that does not come. inputs_in_kernel (MosaicConfig.inputs_in_kernel):
+  warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps
+  the indices, so the call needs no XLA passes over Q and the indices first. pair
+  (mosaic_pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
+  picks one of the two, and the two CTAs share each block's gather. Every combination the
+  MosaicConfig allows passes the GPU tests on the H200 (2026-12-03); MosaicConfig has the
+  speeds."""
+  qk_ahead = consumers == "s_exchange_qk_ahead"
+  p_exchange = consumers == "p_exchange"
+  seesaw = consumers == "seesaw"
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
@@ -129,11 +138,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   steps = chunk_hi - chunk_lo
   # The seesaw's consumers may read one block past the split: its entries belong to the next.
   split_limit = jnp.minimum(length, chunk_hi * BLOCK_KV) if seesaw else None
-  if registers is None:
-    registers = (REGISTERS_QK_AHEAD if qk_ahead else REGISTERS_SHARE_P if share_p
-                 else mosaic_seesaw.REGISTERS if seesaw else REGISTERS)
-  else:
-    registers = dict(enumerate(registers))
+  registers = REGISTERS[consumers] if registers is None else dict(enumerate(registers))
 
   def set_registers(role):
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
@@ -254,8 +259,8 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     write_half(acc, m_i, l_i, 0)
 
   def softmax_for_both():
-    """Warpgroup 0's loop with share_p: QK, the softmax, P and the row factors published
-    for warpgroup 1, its own PV; m and l published at the end."""
+    """Warpgroup 0's loop with the "p_exchange" consumers: QK, the softmax, P and the row
+    factors published for warpgroup 1, its own PV; m and l published at the end."""
 
     def step(i, carry):
       acc, m_i, l_i = carry
@@ -292,8 +297,8 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     write_half(acc, m_i, l_i, 0)
 
   def pv_from_shared_p():
-    """Warpgroup 1's loop with share_p: rescale its half of O, then O += P V from shared
-    memory; m and l from warpgroup 0 at the end."""
+    """Warpgroup 1's loop with the "p_exchange" consumers: rescale its half of O, then
+    O += P V from shared memory; m and l from warpgroup 0 at the end."""
     row_layout = wgmma_layout.reduce(1)
 
     def step(i, acc):
@@ -317,7 +322,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     mosaic_seesaw.consumer(half, k_smem=k_smem, p_smems=(p_a_smem, p_b_smem),
                            rows_smem=rows_smem, p_full=p_full, p_free=p_free, k_free=k_free,
                            steps=steps, chunk_lo=chunk_lo, limit=split_limit,
-                           wait_filled=wait_filled, issue_qk=issue_qk, pv=pv,
+                           pair=pair, wait_filled=wait_filled, issue_qk=issue_qk, pv=pv,
                            write_half=write_half)
 
   @pl.when(wg == 0)
@@ -335,7 +340,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     if qk_ahead:
       qk_ahead_consumer()
       return
-    if share_p:
+    if p_exchange:
       softmax_for_both()
       return
     if seesaw:
@@ -357,7 +362,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
-    if share_p:
+    if p_exchange:
       pv_from_shared_p()
       return
     if seesaw:

@@ -67,12 +67,14 @@ def num_pairs(steps):
 
 
 def consumer(half, *, k_smem, p_smems, rows_smem, p_full, p_free, k_free, steps, chunk_lo,
-             limit, wait_filled, issue_qk, pv, write_half):
+             limit, pair, wait_filled, issue_qk, pv, write_half):
   """Warpgroup `half`'s loop over the split's block pairs, then its half of the results.
 
   wait_filled(step), issue_qk(acc_ref, tile), pv(acc, p, tile, half) and write_half(acc, m,
   l, half) are the direct kernel's; p_smems: the P tiles of blocks a and b; limit: the
-  split's end as an entry count past which every entry is masked."""
+  split's end as an entry count past which every entry is masked. pair (mosaic_pair): each
+  warpgroup also observes the fill of the tile the other scored before its wgmma reads it,
+  so that those reads follow the peer CTA's st.async bytes."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
@@ -115,6 +117,8 @@ def consumer(half, *, k_smem, p_smems, rows_smem, p_full, p_free, k_free, steps,
     acc = pl.run_state(pv_a)(plgpu.ACC.init(mosaic_consumer.rescale(acc, alpha)))
     plgpu.barrier_arrive(k_free.at[0])
     beta, m_b, l_b = load_row(BETA), load_row(M_B), load_row(L_B)
+    if pair:
+      wait_filled(2 * k + 1)
     acc = pv(mosaic_consumer.rescale(acc, beta), p_smems[theirs], 1, half)
     plgpu.barrier_arrive(p_free.at[theirs])
     plgpu.barrier_arrive(k_free.at[1])
@@ -128,6 +132,8 @@ def consumer(half, *, k_smem, p_smems, rows_smem, p_full, p_free, k_free, steps,
       issue_qk(s_ref, 1)
       plgpu.barrier_wait(p_full.at[theirs])
       alpha, m_a, l_a = load_row(ALPHA), load_row(M_A), load_row(L_A)
+      if pair:
+        wait_filled(2 * k)
       acc_ = pv(mosaic_consumer.rescale(acc, alpha), p_smems[theirs], 0, half)
       return acc_, m_a, l_a, s_ref[...]
     acc, m_a, l_a, s = pl.run_scoped(qk_and_pv_a, s_accumulator)
@@ -139,7 +145,7 @@ def consumer(half, *, k_smem, p_smems, rows_smem, p_full, p_free, k_free, steps,
     plgpu.barrier_arrive(k_free.at[1])
     return acc, m_b, l_b
 
-  pair = first_half_pair if half == 0 else second_half_pair
-  acc, m_i, l_i = lax.fori_loop(0, num_pairs(steps), pair,
+  pair_step = first_half_pair if half == 0 else second_half_pair
+  acc, m_i, l_i = lax.fori_loop(0, num_pairs(steps), pair_step,
                                 mosaic_consumer.initial_state())
   write_half(acc, m_i, l_i, half)
