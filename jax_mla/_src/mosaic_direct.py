@@ -1,22 +1,24 @@
 """The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
 memory and the three warpgroups overlap. EXPERIMENTAL: passes the GPU tests of
-tests/test_mosaic.py on the H200 and is about 10% faster than the staged design at 128 heads,
-batch 64-128 (2026-12-03; benchmarks/NOTES-pallas.md), not yet the landing floor.
+tests/test_mosaic.py on the H200; at 128 heads, batch 64-128, K 2048 it is 2.7 times plain XLA
+(2026-12-03; benchmarks/NOTES-pallas.md), not yet the landing floor.
 
-Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
+Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel, with
+the default "p_exchange" consumers (CONSUMERS below has the others):
 
 - warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_dequantize`
   (per-thread 16-byte loads, hardware fp8 conversion, scaled bf16 into the swizzled tile) into
-  K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it.
-- warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), publishes S in shared
-  memory for warpgroup 1, then its online softmax and O[:, :256] += P V[:, :256].
-- warpgroup 1: reads S, runs the same softmax (the same operations on the same values, so the
-  same m and l bit for bit) and O[:, 256:] += P V[:, 256:].
+  K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it. With
+  paired CTAs (mosaic_pair) it gathers half of each block into both CTAs' tiles.
+- warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), the online softmax,
+  P (bf16) and the row factors into shared memory for warpgroup 1, O[:, :256] += P V[:, :256].
+- warpgroup 1: rescales its O[:, 256:] by the factors and adds P V[:, 256:], P read from
+  shared memory by its wgmma; m and l come from warpgroup 0 at the end.
 
 So the dequantization of block n + 1 runs beside the MMAs of block n, and warpgroup 1's PV
-beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + S 16 KB (and its
-padding, 2 KB at the default MosaicConfig.s_padding) = 210 KB.
+beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + P 8 KB = 200 KB (the S
+exchange's f32 S instead: 16 KB and its padding, 2 KB at the default MosaicConfig.s_padding).
 """
 
 from __future__ import annotations
@@ -112,8 +114,8 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps
   the indices, so the call needs no XLA passes over Q and the indices first. pair
   (mosaic_pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
-  picks one of the two, and the two CTAs share each block's gather. Every combination the
-  MosaicConfig allows passes the GPU tests on the H200 (2026-12-03); MosaicConfig has the
+  picks one of the two, and the two CTAs share each block's gather. Which combinations
+  passed the GPU tests on the H200 is in benchmarks/NOTES-pallas.md; MosaicConfig has the
   speeds."""
   qk_ahead = consumers == "s_exchange_qk_ahead"
   p_exchange = consumers == "p_exchange"
