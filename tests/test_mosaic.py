@@ -45,6 +45,7 @@ CONFIGS = {
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
     "qk_ahead": md.MosaicConfig(consumers="s_exchange_qk_ahead", **UNPAIRED),
+    "p_exchange_qk_ahead": md.MosaicConfig(consumers="p_exchange_qk_ahead"),  # not yet run
     "s_exchange_inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True, **S_EXCHANGE),
     "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),
     "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
@@ -63,6 +64,7 @@ CONFIGS = {
 # row blocks), else at 64.
 DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
            "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
+           "direct_p_exchange_qk_ahead": "p_exchange_qk_ahead",
            "direct_inputs_in_kernel": "s_exchange_inputs_in_kernel",
            "direct_seesaw": "seesaw_unpaired", "staged": "staged"}
 

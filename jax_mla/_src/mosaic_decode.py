@@ -76,7 +76,7 @@ class MosaicConfig:
   # 2048, B 128; each pair of numbers from one run): "p_exchange" 277.0 against 296.9 us for
   # "s_exchange"; "s_exchange_qk_ahead" 443.8 against 330.1 for "s_exchange" (an earlier
   # register split; ptxas serialized its wgmmas, C7512 and C7519); "seesaw" 495.5 against
-  # 296.9 (ptxas spilled 1272 bytes).
+  # 296.9 (ptxas spilled 1272 bytes). "p_exchange_qk_ahead" has not yet run on a GPU.
   consumers: str | None = None
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
   # before the kernel (Q's dequantization and padding, the indices' padding and clamping),

@@ -43,14 +43,18 @@ NUM_K_TILES = 2
 #   softmax (the same operations on the same values, so the same m and l bit for bit).
 # "s_exchange_qk_ahead": "s_exchange", with warpgroup 0 issuing block n + 1's QK before block
 #   n's softmax and PV, so the tensor cores compute it while the softmax runs.
+# "p_exchange_qk_ahead": "p_exchange", with the same early QK.
 # "seesaw": mosaic_seesaw's, the blocks taken in pairs, one QK per warpgroup per pair.
-CONSUMERS = ("p_exchange", "s_exchange", "s_exchange_qk_ahead", "seesaw")
+CONSUMERS = ("p_exchange", "p_exchange_qk_ahead", "s_exchange", "s_exchange_qk_ahead",
+             "seesaw")
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to
 # mosaic_consumer.LAUNCH_REGISTERS, per consumer split. The producer holds the loaded words of
 # two row groups.
 REGISTERS = {
     # Warpgroup 1 holds only its half of O. ptxas (H200, 2026-12-03): no spills.
     "p_exchange": {0: 216, 1: 160, 2: 128},
+    # Warpgroup 0 also holds the next block's S (32 registers). Not yet run on a GPU.
+    "p_exchange_qk_ahead": {0: 232, 1: 160, 2: 112},
     # Warpgroup 0 holds S and half of O, warpgroup 1 the other half, S and P. ptxas on the
     # H200 (2026-12-03): at 192 / 160 / 152 it spilled 276 bytes and serialized every wgmma
     # for lack of registers (C7512); at 208 / 184 / 112 it spills 88 bytes and serializes
@@ -81,7 +85,7 @@ def scratch_types(consumers, s_padding=0, pair=False):
     scratch.update(mosaic_seesaw.scratch_types())
   else:
     scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
-  if consumers == "p_exchange":
+  if consumers.startswith("p_exchange"):
     scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                    # Row factors per step; m and l after the last.
                    rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
@@ -108,17 +112,17 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
 
   consumers: one of CONSUMERS (above). With "p_exchange" s_full / s_free guard P and the
-  row factors, and warpgroup 1 takes m and l from warpgroup 0 at the end. With
-  "s_exchange_qk_ahead" the producer fills at least one tile, so that the first QK never
-  waits for a block that does not come. inputs_in_kernel (MosaicConfig.inputs_in_kernel):
+  row factors, and warpgroup 1 takes m and l from warpgroup 0 at the end. With "_qk_ahead"
+  the producer fills at least one tile, so that the first QK never waits for a block that
+  does not come. inputs_in_kernel (MosaicConfig.inputs_in_kernel):
   warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps
   the indices, so the call needs no XLA passes over Q and the indices first. pair
   (mosaic_pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
   picks one of the two, and the two CTAs share each block's gather. Which combinations
   passed the GPU tests on the H200 is in benchmarks/NOTES-pallas.md; MosaicConfig has the
   speeds."""
-  qk_ahead = consumers == "s_exchange_qk_ahead"
-  p_exchange = consumers == "p_exchange"
+  qk_ahead = consumers.endswith("_qk_ahead")
+  p_exchange = consumers.startswith("p_exchange")
   seesaw = consumers == "seesaw"
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
@@ -227,13 +231,14 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
 
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
 
+  def first_scores(acc_ref):
+    """With qk_ahead, block 0's S before the loop."""
+    wait_filled(0)  # filled even for an empty split
+    issue_qk(acc_ref, 0)
+    return acc_ref[...]
+
   def qk_ahead_consumer():
     """Warpgroup 0's loop with block i + 1's QK in flight during block i's softmax and PV."""
-    def first_scores(acc_ref):
-      wait_filled(0)  # filled even for an empty split
-      issue_qk(acc_ref, 0)
-      return acc_ref[...]
-
     def step(i, carry):
       acc, m_i, l_i, s = carry
       tile = lax.rem(i, NUM_K_TILES)
@@ -260,19 +265,12 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     acc, m_i, l_i, _ = lax.fori_loop(0, steps, step, (*mosaic_consumer.initial_state(), s0))
     write_half(acc, m_i, l_i, 0)
 
-  def softmax_for_both():
+  def softmax_for_both(ahead):
     """Warpgroup 0's loop with the "p_exchange" consumers: QK, the softmax, P and the row
-    factors published for warpgroup 1, its own PV; m and l published at the end."""
+    factors published for warpgroup 1, its own PV; m and l published at the end. ahead:
+    block i + 1's QK is in flight during block i's softmax and PV."""
 
-    def step(i, carry):
-      acc, m_i, l_i = carry
-      tile = lax.rem(i, NUM_K_TILES)
-      wait_filled(i)
-
-      def qk(acc_ref):
-        issue_qk(acc_ref, tile)
-        return acc_ref[...]
-      s = pl.run_scoped(qk, s_accumulator)
+    def softmax_and_pv(i, s, tile, acc, m_i, l_i):
       p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, (chunk_lo + i) * BLOCK_KV,
                                                           length, m_i, l_i)
       p = p.astype(jnp.bfloat16)
@@ -285,10 +283,46 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
       plgpu.commit_smem()  # P, before warpgroup 1's wgmma reads it
       plgpu.barrier_arrive(s_full)
       acc = pv(mosaic_consumer.rescale(acc, alpha), p, tile, 0)
+      return acc, m_i, l_i
+
+    def step(i, carry):
+      acc, m_i, l_i = carry
+      tile = lax.rem(i, NUM_K_TILES)
+      wait_filled(i)
+
+      def qk(acc_ref):
+        issue_qk(acc_ref, tile)
+        return acc_ref[...]
+      s = pl.run_scoped(qk, s_accumulator)
+      acc, m_i, l_i = softmax_and_pv(i, s, tile, acc, m_i, l_i)
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return acc, m_i, l_i
 
-    acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
+    def step_ahead(i, carry):
+      acc, m_i, l_i, s = carry
+      tile = lax.rem(i, NUM_K_TILES)
+      following = lax.rem(i + 1, NUM_K_TILES)
+
+      @pl.when(i + 1 < steps)
+      def _wait_following():
+        wait_filled(i + 1)
+
+      def overlapped(s_ref):
+        # After the last block this reads the other tile's stale block, which nothing
+        # rewrites any more, and the result is dropped.
+        issue_qk(s_ref, following)
+        # pv's wait covers the QK before it.
+        return (*softmax_and_pv(i, s, tile, acc, m_i, l_i), s_ref[...])
+      carry = pl.run_scoped(overlapped, s_accumulator)
+      plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
+      return carry
+
+    if ahead:
+      s0 = pl.run_scoped(first_scores, s_accumulator)
+      acc, m_i, l_i, _ = lax.fori_loop(0, steps, step_ahead,
+                                       (*mosaic_consumer.initial_state(), s0))
+    else:
+      acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
 
     @pl.when(steps > 0)
     def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
@@ -339,11 +373,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
         plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
                                 q_smem.at[h], q_bar)
       plgpu.barrier_wait(q_bar)
+    if p_exchange:
+      softmax_for_both(ahead=qk_ahead)
+      return
     if qk_ahead:
       qk_ahead_consumer()
-      return
-    if p_exchange:
-      softmax_for_both()
       return
     if seesaw:
       seesaw_consumer(0)
