@@ -18,8 +18,11 @@ indices change every step (`(indices + step * 4099) & 65535`, a permutation of t
 call is loop-invariant), timed with a host clock around `block_until_ready`, divided by the
 steps. The loop step's own cost (the index update, the loop, the kept output element)
 is measured alone ("idx upd" column: 13-25 us per step on the H200) and NOT subtracted: small
-shapes are dominated by it, for every implementation alike. Implementations are interleaved within each round; the
-result is the median over rounds.
+shapes are dominated by it, for every implementation alike. Implementations are interleaved
+within each round; the result is the median over rounds. With `--timing profiler` each round
+instead runs the loop once under the JAX profiler and takes the time in which the GPU's
+streams ran anything, per step (benchmarks/device_time.py): the gaps between the loop's
+iterations drop out, its index update and kept element stay.
 
 Counted work: FLOPs = 2 * T * H * K * (512 + 512); bytes that must move = q rows (512 + 128) +
 gathered KV rows (512 + 128 each, per sequence) + out (bf16). The pool of 65536 rows (40 MiB)
@@ -49,6 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax_mla  # noqa: E402  pylint: disable=wrong-import-position
 from jax_mla._src import layout  # noqa: E402  pylint: disable=wrong-import-position
 from jax_mla._src import pallas_decode as pd  # noqa: E402  pylint: disable=wrong-import-position
+import device_time  # noqa: E402  pylint: disable=wrong-import-position  (beside this script)
 
 POOL = 65536
 INTERPRET = False
@@ -268,6 +272,8 @@ def main():
                   help="with --no-ceilings: the device copy rate to take the HBM fraction against "
                        "(the H200 did 4.24 TB/s on 2026-12-02); unset, the column shows '-'")
   ap.add_argument("--compile-workers", type=int, default=1)
+  ap.add_argument("--timing", choices=["clock", "profiler"], default="clock",
+                  help="host clock around the loop, or the GPU's busy time in a profiler trace")
   a = ap.parse_args()
 
   dev = jax.devices()[0]
@@ -286,7 +292,7 @@ def main():
   # and hbm_fraction fields are TB/s, not fractions.)
   ceil = ({"matmul_tflops": float("nan"), "copy_tbps": a.copy_tbps} if a.no_ceilings
           else ceilings())
-  meta.update(ceil)
+  meta.update(ceil, timing=a.timing)
   print(json.dumps(meta), flush=True)
 
   impls = a.impls.split(",")
@@ -344,7 +350,11 @@ def main():
     times = {name: [] for name in runs}
     for _ in range(a.rounds):
       for name, run in runs.items():
-        times[name].append(time_once(run, p, a.steps))
+        if a.timing == "profiler":
+          times[name].append(device_time.device_time_us(
+              lambda run=run: jax.block_until_ready(run(p)), a.steps))
+        else:
+          times[name].append(time_once(run, p, a.steps))
     agree = {}
     if "pallas" in impls and "plain" in impls:
       for name, cfg in (variants or [("pallas", None)]):

@@ -1,0 +1,78 @@
+"""Device time of a call from a profiler trace (gpu_decode.py --timing profiler).
+
+The host clock around a jitted loop of decode calls also counts what the GPU waits for between
+the loop's iterations (on the H200, 13-25 us per iteration even for an index update alone), so
+at small shapes every implementation's number is mostly that wait. This module runs the call
+under `jax.profiler.trace` and measures the time in which the GPU's streams ran anything
+(kernels, copies): the union of the intervals of the events on the device's stream lines, so
+work on two streams at once counts once, and gaps between launches do not count.
+
+Only stream lines count: the trace's derived lines ("XLA Modules", "XLA Ops") span whole
+modules, idle time included. The process and line names ("/device:GPU:0", "Stream #...") are
+those of XLA's GPU traces; this has not yet run on a GPU (2026-12-03), and where a trace has
+no such lines the error lists the ones it has.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import tempfile
+
+DEVICE_PREFIX = "/device:"
+STREAM_PREFIX = "Stream"
+
+
+def _names(events, kind):
+  """{pid: name} for process_name metadata, {(pid, tid): name} for thread_name."""
+  meta = [e for e in events if e.get("ph") == "M" and e.get("name") == kind]
+  if kind == "process_name":
+    return {e["pid"]: e["args"]["name"] for e in meta}
+  return {(e["pid"], e["tid"]): e["args"]["name"] for e in meta}
+
+
+def busy_us(events) -> float:
+  """Microseconds in which any device stream line of a Chrome/Perfetto trace ran an event
+  (the union of their intervals). Raises ValueError when the trace has no device stream."""
+  processes = _names(events, "process_name")
+  threads = _names(events, "thread_name")
+  lines = {key for key, name in threads.items()
+           if processes.get(key[0], "").startswith(DEVICE_PREFIX)
+           and name.startswith(STREAM_PREFIX)}
+  if not lines:
+    device_lines = sorted({name for key, name in threads.items()
+                           if processes.get(key[0], "").startswith(DEVICE_PREFIX)})
+    raise ValueError("the trace has no device stream lines (processes: "
+                     f"{sorted(set(processes.values()))}; device lines: {device_lines}); "
+                     "--timing profiler needs a GPU")
+  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                 if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in lines)
+  total, end = 0.0, float("-inf")
+  for lo, hi in spans:
+    if hi <= end:
+      continue
+    total += hi - max(lo, end)
+    end = hi
+  return total
+
+
+def load_trace(directory) -> list:
+  """The events of the Perfetto trace jax.profiler wrote under `directory`."""
+  paths = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)
+  if len(paths) != 1:
+    raise ValueError(f"expected one perfetto_trace.json.gz under {directory}, found {paths}")
+  with gzip.open(paths[0]) as f:
+    data = json.load(f)
+  return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def device_time_us(run, calls: int) -> float:
+  """Device busy time of run() (which must block until its work is done) per call, for a
+  run() that makes `calls` calls."""
+  import jax  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as directory:
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+      run()
+    return busy_us(load_trace(directory)) / calls

@@ -1,0 +1,59 @@
+"""benchmarks/device_time.py on CPU: the GPU busy time of a synthetic trace (the union of the
+stream lines' intervals, derived lines ignored), and the error where a trace has no GPU."""
+
+import gzip
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import device_time  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def meta(pid, tid, process, thread):
+  return [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process}},
+          {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}}]
+
+
+def span(pid, tid, ts, dur):
+  return {"ph": "X", "name": "k", "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_busy_time_is_the_union_of_the_stream_lines_intervals():
+  events = (meta(1, 10, "/device:GPU:0", "Stream #13(compute)")
+            + meta(1, 11, "/device:GPU:0", "Stream #14(copy)")
+            + meta(1, 12, "/device:GPU:0", "XLA Modules")
+            + meta(2, 20, "/host:CPU", "python")
+            + [span(1, 10, 100, 10),     # 100..110
+               span(1, 11, 105, 10),     # 105..115: overlaps, counts once
+               span(1, 10, 112, 2),      # inside the previous one
+               span(1, 10, 200, 5.5),    # after a gap that does not count
+               span(1, 12, 0, 1000),     # a derived line spanning everything: ignored
+               span(2, 20, 0, 1000)])    # host work: ignored
+  assert device_time.busy_us(events) == pytest.approx(15 + 5.5)
+
+
+def test_a_trace_without_a_gpu_stream_says_so():
+  events = meta(2, 20, "/host:CPU", "python") + [span(2, 20, 0, 10)]
+  with pytest.raises(ValueError, match="no device stream lines.*needs a GPU"):
+    device_time.busy_us(events)
+
+
+def test_load_trace_reads_the_perfetto_file(tmp_path):
+  events = meta(1, 10, "/device:GPU:0", "Stream #1") + [span(1, 10, 0, 3)]
+  path = tmp_path / "plugins" / "profile" / "run"
+  path.mkdir(parents=True)
+  with gzip.open(path / "perfetto_trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  assert device_time.busy_us(device_time.load_trace(tmp_path)) == 3
+
+
+def test_device_time_on_the_cpu_raises_rather_than_reporting_host_time():
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  f = jax.jit(lambda x: jnp.sin(x).sum())
+  x = jnp.ones((256,))
+  with pytest.raises(ValueError, match="no device stream lines"):
+    device_time.device_time_us(lambda: jax.block_until_ready(f(x)), calls=1)
