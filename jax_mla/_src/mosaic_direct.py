@@ -231,18 +231,20 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
 
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
 
-  def first_scores(acc_ref):
-    """With qk_ahead, block 0's S before the loop."""
-    wait_filled(0)  # filled even for an empty split
-    issue_qk(acc_ref, 0)
-    return acc_ref[...]
+  def qk_ahead_loop(block, publish_scores=None):
+    """Warpgroup 0's loop with block i + 1's QK in flight during block i's work,
+    block(i, s, tile, acc, m, l) -> (acc, m, l) (its PV's wait covers that QK);
+    publish_scores(i, s) first, when given. Returns the final (acc, m, l)."""
+    def first_scores(acc_ref):
+      wait_filled(0)  # filled even for an empty split
+      issue_qk(acc_ref, 0)
+      return acc_ref[...]
 
-  def qk_ahead_consumer():
-    """Warpgroup 0's loop with block i + 1's QK in flight during block i's softmax and PV."""
     def step(i, carry):
       acc, m_i, l_i, s = carry
       tile = lax.rem(i, NUM_K_TILES)
-      publish(i, s)
+      if publish_scores is not None:
+        publish_scores(i, s)
       following = lax.rem(i + 1, NUM_K_TILES)
 
       @pl.when(i + 1 < steps)
@@ -253,17 +255,23 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
         # After the last block this reads the other tile's stale block, which nothing
         # rewrites any more, and the result is dropped.
         issue_qk(s_ref, following)
-        p, acc_, m_, l_ = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
-                                                       acc, m_i, l_i)
-        acc_ = pv(acc_, p.astype(jnp.bfloat16), tile, 0)  # its wait covers the QK before it
-        return acc_, m_, l_, s_ref[...]
+        return (*block(i, s, tile, acc, m_i, l_i), s_ref[...])
       carry = pl.run_scoped(overlapped, s_accumulator)
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return carry
 
     s0 = pl.run_scoped(first_scores, s_accumulator)
     acc, m_i, l_i, _ = lax.fori_loop(0, steps, step, (*mosaic_consumer.initial_state(), s0))
-    write_half(acc, m_i, l_i, 0)
+    return acc, m_i, l_i
+
+  def qk_ahead_consumer():
+    """Warpgroup 0's "s_exchange_qk_ahead" loop: S published for warpgroup 1, then the
+    softmax and PV with the next block's QK in flight."""
+    def softmax_and_pv(i, s, tile, acc, m_i, l_i):
+      p, acc, m_i, l_i = mosaic_consumer.softmax_step(s, (chunk_lo + i) * BLOCK_KV, length,
+                                                      acc, m_i, l_i)
+      return pv(acc, p.astype(jnp.bfloat16), tile, 0), m_i, l_i
+    write_half(*qk_ahead_loop(softmax_and_pv, publish_scores=publish), 0)
 
   def softmax_for_both(ahead):
     """Warpgroup 0's loop with the "p_exchange" consumers: QK, the softmax, P and the row
@@ -298,29 +306,8 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return acc, m_i, l_i
 
-    def step_ahead(i, carry):
-      acc, m_i, l_i, s = carry
-      tile = lax.rem(i, NUM_K_TILES)
-      following = lax.rem(i + 1, NUM_K_TILES)
-
-      @pl.when(i + 1 < steps)
-      def _wait_following():
-        wait_filled(i + 1)
-
-      def overlapped(s_ref):
-        # After the last block this reads the other tile's stale block, which nothing
-        # rewrites any more, and the result is dropped.
-        issue_qk(s_ref, following)
-        # pv's wait covers the QK before it.
-        return (*softmax_and_pv(i, s, tile, acc, m_i, l_i), s_ref[...])
-      carry = pl.run_scoped(overlapped, s_accumulator)
-      plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
-      return carry
-
     if ahead:
-      s0 = pl.run_scoped(first_scores, s_accumulator)
-      acc, m_i, l_i, _ = lax.fori_loop(0, steps, step_ahead,
-                                       (*mosaic_consumer.initial_state(), s0))
+      acc, m_i, l_i = qk_ahead_loop(softmax_and_pv)
     else:
       acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
 
