@@ -9,8 +9,9 @@ work on two streams at once counts once, and gaps between launches do not count.
 
 Only stream lines count: the trace's derived lines ("XLA Modules", "XLA Ops") span whole
 modules, idle time included. The process and line names ("/device:GPU:0", "Stream #...") are
-those of XLA's GPU traces; this has not yet run on a GPU (2026-12-03), and where a trace has
-no such lines the error lists the ones it has.
+those of XLA's GPU traces on the H200 with jax 0.11.2 (2026-12-03); where a trace has no such
+lines the error lists the ones it has. `kernel_us` splits the same events by kernel name, to say
+where a call's device time goes (gpu_decode.py --kernels).
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ def _names(events, kind):
   return {(e["pid"], e["tid"]): e["args"]["name"] for e in meta}
 
 
-def busy_us(events) -> float:
-  """Microseconds in which any device stream line of a Chrome/Perfetto trace ran an event
-  (the union of their intervals). Raises ValueError when the trace has no device stream."""
+def _stream_lines(events):
+  """The (pid, tid) of the device stream lines. Raises ValueError when there are none."""
   processes = _names(events, "process_name")
   threads = _names(events, "thread_name")
   lines = {key for key, name in threads.items()
@@ -47,6 +47,13 @@ def busy_us(events) -> float:
     raise ValueError("the trace has no device stream lines (processes: "
                      f"{sorted(set(processes.values()))}; device lines: {device_lines}); "
                      "--timing profiler needs a GPU")
+  return lines
+
+
+def busy_us(events) -> float:
+  """Microseconds in which any device stream line of a Chrome/Perfetto trace ran an event
+  (the union of their intervals). Raises ValueError when the trace has no device stream."""
+  lines = _stream_lines(events)
   spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
                  if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in lines)
   total, end = 0.0, float("-inf")
@@ -55,6 +62,17 @@ def busy_us(events) -> float:
       continue
     total += hi - max(lo, end)
     end = hi
+  return total
+
+
+def kernel_us(events) -> dict:
+  """{event name: summed microseconds} over the device stream lines (kernels and copies;
+  overlapping events each count in full here)."""
+  lines = _stream_lines(events)
+  total = {}
+  for e in events:
+    if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in lines:
+      total[e["name"]] = total.get(e["name"], 0.0) + float(e.get("dur", 0.0))
   return total
 
 
@@ -71,8 +89,15 @@ def load_trace(directory) -> list:
 def device_time_us(run, calls: int) -> float:
   """Device busy time of run() (which must block until its work is done) per call, for a
   run() that makes `calls` calls."""
+  return device_profile(run, calls)[0]
+
+
+def device_profile(run, calls: int):
+  """(busy microseconds per call, {kernel name: microseconds per call}) of run()."""
   import jax  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory() as directory:
     with jax.profiler.trace(directory, create_perfetto_trace=True):
       run()
-    return busy_us(load_trace(directory)) / calls
+    events = load_trace(directory)
+  return (busy_us(events) / calls,
+          {name: us / calls for name, us in kernel_us(events).items()})

@@ -57,3 +57,11 @@ def test_device_time_on_the_cpu_raises_rather_than_reporting_host_time():
   x = jnp.ones((256,))
   with pytest.raises(ValueError, match="no device stream lines"):
     device_time.device_time_us(lambda: jax.block_until_ready(f(x)), calls=1)
+
+
+def test_kernel_us_sums_each_kernel_over_the_stream_lines_only():
+  events = (meta(1, 10, "/device:GPU:0", "Stream #13(compute)")
+            + meta(1, 12, "/device:GPU:0", "XLA Ops")
+            + [dict(span(1, 10, 0, 2), name="gather"), dict(span(1, 10, 5, 3), name="gather"),
+               dict(span(1, 10, 9, 1), name="merge"), dict(span(1, 12, 0, 50), name="gather")])
+  assert device_time.kernel_us(events) == {"gather": 5, "merge": 1}
