@@ -38,16 +38,18 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 UNPAIRED = dict(pair_row_blocks=False)
 S_EXCHANGE = dict(consumers="s_exchange", **UNPAIRED)
 CONFIGS = {
-    "default": md.MosaicConfig(),  # the direct design, "p_exchange" consumers, paired CTAs
+    # the direct design, "p_exchange" consumers, paired CTAs, inputs read in the kernel
+    "default": md.MosaicConfig(),
     "unpaired": md.MosaicConfig(**UNPAIRED),
     "s_exchange": md.MosaicConfig(**S_EXCHANGE),
     "s_exchange_unpadded_s": md.MosaicConfig(s_padding=0, **S_EXCHANGE),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
     "qk_ahead": md.MosaicConfig(consumers="s_exchange_qk_ahead", **UNPAIRED),
-    "p_exchange_qk_ahead": md.MosaicConfig(consumers="p_exchange_qk_ahead"),  # not yet run
-    "s_exchange_inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True, **S_EXCHANGE),
-    "inputs_in_kernel": md.MosaicConfig(inputs_in_kernel=True),
+    "p_exchange_qk_ahead": md.MosaicConfig(consumers="p_exchange_qk_ahead"),
+    "s_exchange_xla_inputs": md.MosaicConfig(inputs_in_kernel=False, **S_EXCHANGE),
+    "xla_inputs": md.MosaicConfig(inputs_in_kernel=False),
+    "register_store": md.MosaicConfig(stage_output=False),
     "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
     "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
     "seesaw_unpaired": md.MosaicConfig(consumers="seesaw", **UNPAIRED),
@@ -65,7 +67,7 @@ CONFIGS = {
 DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
            "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
            "direct_p_exchange_qk_ahead": "p_exchange_qk_ahead",
-           "direct_inputs_in_kernel": "s_exchange_inputs_in_kernel",
+           "direct_xla_inputs": "s_exchange_xla_inputs",
            "direct_seesaw": "seesaw_unpaired", "staged": "staged"}
 
 
@@ -141,7 +143,9 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(consumers="seesaw_ahead"), r"consumers must be one of \('p_exchange', "),
     (dict(consumers="seesaw", inputs_in_kernel=True), "inputs_in_kernel does not combine"),
     (dict(design="staged", consumers="s_exchange"), "consumers, inputs_in_kernel, "
-     "pair_row_blocks and direct_registers belong to the direct design"),
+     "pair_row_blocks, direct_registers and stage_output belong to the direct design"),
+    (dict(design="staged", stage_output=False), "belong to the direct design"),
+    (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\""),
     (dict(design="staged", pair_row_blocks=False), "belong to the direct design"),
     (dict(design="staged", inputs_in_kernel=True), "belong to the direct design"),
     (dict(design="staged", direct_registers=(208, 184, 112)), "belong to the direct design"),

@@ -59,10 +59,14 @@ def rescale(acc, alpha):
 
 
 def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref, out_ref,
-                  lse_ref):
+                  lse_ref, stage_smem=None):
   """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and
   its m and l; half 0 also writes the lse. With one split: final bf16, sink and empty rows
-  applied; with more: the softmax-normalized f32 partial and its lse for pallas_merge."""
+  applied; with more: the softmax-normalized f32 partial and its lse for pallas_merge.
+
+  stage_smem: a bf16 [64, 256] shared-memory tile this warpgroup may overwrite. With one split
+  the output goes through it and one TMA copy, instead of each thread storing its fragments
+  of rows straight to global memory (4-byte stores, eight rows apart)."""
   plgpu = _plgpu()
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
@@ -75,8 +79,14 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     total2 = logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
-    out = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
-    out_ref[seq, rows, cols] = out.astype(out_ref.dtype)
+    out = (acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype)
+    if stage_smem is None:
+      out_ref[seq, rows, cols] = out
+    else:
+      stage_smem[...] = out
+      plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
+      plgpu.copy_smem_to_gmem(stage_smem, out_ref.at[seq, rows, cols])
+      plgpu.wait_smem_to_gmem(0)
     lse_at, lse = (seq, rows), total2 * LN2
   else:
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)

@@ -76,14 +76,18 @@ class MosaicConfig:
   # 2048, B 128; each pair of numbers from one run): "p_exchange" 277.0 against 296.9 us for
   # "s_exchange"; "s_exchange_qk_ahead" 443.8 against 330.1 for "s_exchange" (an earlier
   # register split; ptxas serialized its wgmmas, C7512 and C7519); "seesaw" 495.5 against
-  # 296.9 (ptxas spilled 1272 bytes). "p_exchange_qk_ahead" has not yet run on a GPU.
+  # 296.9 (ptxas spilled 1272 bytes); "p_exchange_qk_ahead" 381.2 against 249.5 for
+  # "p_exchange" (ptxas spilled 68 bytes).
   consumers: str | None = None
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
-  # before the kernel (Q's dequantization and padding, the indices' padding and clamping),
-  # which at batch 1 are launches of their own. Passes the GPU tests; at batch 1 on the H200
-  # (2026-12-03, "s_exchange") no consistent win: 28.7 against 25.6 us at 128 heads, K 512,
-  # 31.2 against 41.0 at 64 heads, K 2048.
-  inputs_in_kernel: bool = False
+  # before the kernel (Q's dequantization and padding, the indices' padding and clamping).
+  # None: on, except with the "seesaw" consumers (which do not support it). Measured as GPU
+  # busy time per call (gpu_decode.py --timing profiler; H200, 2026-12-03, 128 heads) it was
+  # faster at every shape: 39.5 against 46.4 us at B 64, K 512; 76.2 against 88.3 at B 128,
+  # K 512; 216.9 against 229.6 at B 128, K 2048; 14.6 against 15.4 at B 1, K 512 (the XLA
+  # passes took 5.8-10.5 us at B 64-128). (Host-clock loops had hidden that behind the loop's
+  # own gaps.)
+  inputs_in_kernel: bool | None = None
   # The direct design pairs the CTAs of row blocks 2j and 2j + 1 (128 heads: both blocks of a
   # sequence) in a cluster, and each gathers and dequantizes half of every KV block into both
   # (mosaic_pair). Without it both gather every row. Ignored when the row blocks are odd in
@@ -91,6 +95,14 @@ class MosaicConfig:
   # against 277.0 us at B 128, 136.4 against 150.3 at B 64; with "s_exchange" and an earlier
   # register split it was slower (352.6 against 330.1 at B 128).
   pair_row_blocks: bool | None = None
+  # The direct design with the "p_exchange" consumers: with one split, each consumer writes
+  # its half of the bf16 output through shared memory and one TMA copy, instead of storing
+  # its register fragments straight to global memory. None: on with "p_exchange" consumers
+  # (True with others raises). GPU busy time per call on the H200 (2026-12-03, 128 heads,
+  # gpu_decode.py --timing profiler, side by side): 33.8 against 39.2 us at B 64, K 512; 66.2
+  # against 76.4 at B 128, K 512; 209.0 against 218.3 at B 128, K 2048; at batch 1 (several
+  # splits: f32 partials, stored as before) within 0.2 us.
+  stage_output: bool | None = None
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
   # REGISTERS for the consumers.
@@ -403,11 +415,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.design not in DESIGNS:
     raise ValueError(f"MosaicConfig.design must be one of {DESIGNS}, got {config.design!r}")
   direct = config.design == "direct"
-  if not direct and (config.consumers is not None or config.inputs_in_kernel
+  if not direct and (config.consumers is not None or config.inputs_in_kernel is not None
                      or config.pair_row_blocks is not None
-                     or config.direct_registers is not None):
-    raise ValueError("MosaicConfig.consumers, inputs_in_kernel, pair_row_blocks and "
-                     "direct_registers belong to the direct design")
+                     or config.direct_registers is not None or config.stage_output is not None):
+    raise ValueError("MosaicConfig.consumers, inputs_in_kernel, pair_row_blocks, "
+                     "direct_registers and stage_output belong to the direct design")
   consumers = config.consumers or "p_exchange"
   if consumers not in mosaic_direct.CONSUMERS:
     raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
@@ -415,6 +427,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if consumers == "seesaw" and config.inputs_in_kernel:
     raise ValueError("MosaicConfig.inputs_in_kernel does not combine with the \"seesaw\" "
                      "consumers")
+  if config.stage_output and not consumers.startswith("p_exchange"):
+    raise ValueError("MosaicConfig.stage_output needs the \"p_exchange\" consumers "
+                     f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
@@ -441,7 +456,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       rule=config.split_rule)
 
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  in_kernel = direct and config.inputs_in_kernel
+  in_kernel = direct and (config.inputs_in_kernel if config.inputs_in_kernel is not None
+                          else consumers != "seesaw")
   if in_kernel:
     q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
                 q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
@@ -470,7 +486,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                                consumers=consumers, inputs_in_kernel=in_kernel, pair=pair,
-                               registers=config.direct_registers)
+                               registers=config.direct_registers,
+                               stage_output=config.stage_output is not False
+                               and consumers.startswith("p_exchange"))
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

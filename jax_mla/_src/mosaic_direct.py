@@ -1,8 +1,8 @@
 """The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
 memory and the three warpgroups overlap. EXPERIMENTAL: passes the GPU tests of
-tests/test_mosaic.py on the H200; at 128 heads, batch 64-128, K 2048 it is 2.7 times plain XLA
-(2026-12-03; benchmarks/NOTES-pallas.md), not yet the landing floor.
+tests/test_mosaic.py on the H200; at 128 heads, batch 64-128 it is 3.0 to 3.3 times plain XLA
+in GPU busy time per call (2026-12-03; benchmarks/NOTES-pallas.md).
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel, with
 the default "p_exchange" consumers (CONSUMERS below has the others):
@@ -53,7 +53,9 @@ CONSUMERS = ("p_exchange", "p_exchange_qk_ahead", "s_exchange", "s_exchange_qk_a
 REGISTERS = {
     # Warpgroup 1 holds only its half of O. ptxas (H200, 2026-12-03): no spills.
     "p_exchange": {0: 216, 1: 160, 2: 128},
-    # Warpgroup 0 also holds the next block's S (32 registers). Not yet run on a GPU.
+    # Warpgroup 0 also holds the next block's S (32 registers). ptxas (H200, 2026-12-03):
+    # spills 68 bytes and injects a warpgroup.arrive (C7519); 381.2 against 249.5 us for
+    # "p_exchange" (128 heads, B 128, K 2048).
     "p_exchange_qk_ahead": {0: 232, 1: 160, 2: 112},
     # Warpgroup 0 holds S and half of O, warpgroup 1 the other half, S and P. ptxas on the
     # H200 (2026-12-03): at 192 / 160 / 152 it spilled 276 bytes and serialized every wgmma
@@ -106,7 +108,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
            s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
            rows_smem=None, ml_full=None, p_a_smem=None, p_b_smem=None, p_full=None,
            p_free=None, consumers="p_exchange", inputs_in_kernel=False, pair=False,
-           registers=None):
+           registers=None, stage_output=False):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -120,7 +122,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   (mosaic_pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
   picks one of the two, and the two CTAs share each block's gather. Which combinations
   passed the GPU tests on the H200 is in benchmarks/NOTES-pallas.md; MosaicConfig has the
-  speeds."""
+  speeds. stage_output (the "p_exchange" consumers only): with one split each consumer writes
+  its bf16 half of the output through its half of q_smem and a TMA copy. Safe there because
+  warpgroup 1 never reads Q, warpgroup 0 has read its last QK's operands before its loop
+  ends, and warpgroup 1 writes only after ml_full, which warpgroup 0 arrives on after its
+  loop (and after writing Q, with inputs_in_kernel)."""
   qk_ahead = consumers.endswith("_qk_ahead")
   p_exchange = consumers.startswith("p_exchange")
   seesaw = consumers == "seesaw"
@@ -213,10 +219,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
 
     write_half(*lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()), half)
 
-  def write_half(acc, m_i, l_i, half):
+  def write_half(acc, m_i, l_i, half, staged=False):
+    stage = q_smem.at[half] if staged and stage_output and num_splits == 1 else None
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
-                                  lse_ref=lse_ref)
+                                  lse_ref=lse_ref, stage_smem=stage)
 
   def issue_qk(acc_ref, tile):
     for h in range(2):
@@ -317,7 +324,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     rows_smem[0] = m_i
     rows_smem[1] = l_i
     plgpu.barrier_arrive(ml_full)
-    write_half(acc, m_i, l_i, 0)
+    write_half(acc, m_i, l_i, 0, staged=True)
 
   def pv_from_shared_p():
     """Warpgroup 1's loop with the "p_exchange" consumers: rescale its half of O, then
@@ -339,7 +346,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     plgpu.barrier_wait(ml_full)
     m_i = plgpu.load(rows_smem.at[0], (), layout=row_layout, optimized=False)
     l_i = plgpu.load(rows_smem.at[1], (), layout=row_layout, optimized=False)
-    write_half(acc, m_i, l_i, 1)
+    write_half(acc, m_i, l_i, 1, staged=True)
 
   def seesaw_consumer(half):
     mosaic_seesaw.consumer(half, k_smem=k_smem, p_smems=(p_a_smem, p_b_smem),
