@@ -171,6 +171,7 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 "mosaic_seesaw_unpaired": {"consumers": "seesaw", **_UNPAIRED},
                 "mosaic_xla_inputs": {"inputs_in_kernel": False},
                 "mosaic_register_store": {"stage_output": False},
+                "mosaic_staged_partials": {"stage_partials": True},
                 "mosaic_s_exchange_inputs_in_kernel": {**_S_EXCHANGE, "inputs_in_kernel": True},
                 # Register splits (warpgroups 0, 1, producer): of the default consumers, and
                 # of "s_exchange" (its default before 2026-12-03's ptxas finding, and one that

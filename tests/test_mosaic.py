@@ -50,6 +50,7 @@ CONFIGS = {
     "s_exchange_xla_inputs": md.MosaicConfig(inputs_in_kernel=False, **S_EXCHANGE),
     "xla_inputs": md.MosaicConfig(inputs_in_kernel=False),
     "register_store": md.MosaicConfig(stage_output=False),
+    "staged_partials": md.MosaicConfig(stage_partials=True),  # not yet run on a GPU
     "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
     "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
     "seesaw_unpaired": md.MosaicConfig(consumers="seesaw", **UNPAIRED),
@@ -143,7 +144,10 @@ def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
     (dict(consumers="seesaw_ahead"), r"consumers must be one of \('p_exchange', "),
     (dict(consumers="seesaw", inputs_in_kernel=True), "inputs_in_kernel does not combine"),
     (dict(design="staged", consumers="s_exchange"), "consumers, inputs_in_kernel, "
-     "pair_row_blocks, direct_registers and stage_output belong to the direct design"),
+     "pair_row_blocks, direct_registers, stage_output and stage_partials belong to the "
+     "direct design"),
+    (dict(design="staged", stage_partials=True), "belong to the direct design"),
+    (dict(consumers="seesaw", stage_partials=True), "stage_partials needs the \"p_exchange\""),
     (dict(design="staged", stage_output=False), "belong to the direct design"),
     (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\""),
     (dict(design="staged", pair_row_blocks=False), "belong to the direct design"),

@@ -64,9 +64,19 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   its m and l; half 0 also writes the lse. With one split: final bf16, sink and empty rows
   applied; with more: the softmax-normalized f32 partial and its lse for pallas_merge.
 
-  stage_smem: a bf16 [64, 256] shared-memory tile this warpgroup may overwrite. With one split
-  the output goes through it and one TMA copy, instead of each thread storing its fragments
-  of rows straight to global memory (4-byte stores, eight rows apart)."""
+  stage_smem: a [64, 256] shared-memory tile this warpgroup may overwrite, of out_ref's dtype
+  (bf16 with one split, f32 with more). The output goes through it and one TMA copy, instead
+  of each thread storing its fragments of rows straight to global memory (4- or 8-byte
+  stores, eight rows apart)."""
+
+  def store(value, at):
+    if stage_smem is None:
+      out_ref[at] = value
+    else:
+      stage_smem[...] = value
+      plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
+      plgpu.copy_smem_to_gmem(stage_smem, out_ref.at[at])
+      plgpu.wait_smem_to_gmem(0)
   plgpu = _plgpu()
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
@@ -79,18 +89,12 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     total2 = logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
-    out = (acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype)
-    if stage_smem is None:
-      out_ref[seq, rows, cols] = out
-    else:
-      stage_smem[...] = out
-      plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
-      plgpu.copy_smem_to_gmem(stage_smem, out_ref.at[seq, rows, cols])
-      plgpu.wait_smem_to_gmem(0)
+    store((acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype),
+          (seq, rows, cols))
     lse_at, lse = (seq, rows), total2 * LN2
   else:
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-    out_ref[seq, split, rows, cols] = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
+    store(acc * lax.broadcast_in_dim(inv_l, acc.shape, [0]), (seq, split, rows, cols))
     lse_at, lse = (seq, split, rows), lse2 * LN2
 
   def write_lse():

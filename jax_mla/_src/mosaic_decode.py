@@ -103,6 +103,11 @@ class MosaicConfig:
   # against 76.4 at B 128, K 512; 209.0 against 218.3 at B 128, K 2048; at batch 1 (several
   # splits: f32 partials, stored as before) within 0.2 us.
   stage_output: bool | None = None
+  # stage_output for the f32 partials of several splits (batch 1 and other small batches):
+  # each consumer's partial goes through an f32 tile laid over the K tiles, which are dead by
+  # then, and one TMA copy. Needs the "p_exchange" consumers. Lowers on the CPU; not yet run
+  # on a GPU (2026-12-03), so off.
+  stage_partials: bool = False
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
   # REGISTERS for the consumers.
@@ -417,9 +422,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   direct = config.design == "direct"
   if not direct and (config.consumers is not None or config.inputs_in_kernel is not None
                      or config.pair_row_blocks is not None
-                     or config.direct_registers is not None or config.stage_output is not None):
+                     or config.direct_registers is not None or config.stage_output is not None
+                     or config.stage_partials):
     raise ValueError("MosaicConfig.consumers, inputs_in_kernel, pair_row_blocks, "
-                     "direct_registers and stage_output belong to the direct design")
+                     "direct_registers, stage_output and stage_partials belong to the direct "
+                     "design")
   consumers = config.consumers or "p_exchange"
   if consumers not in mosaic_direct.CONSUMERS:
     raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
@@ -427,9 +434,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if consumers == "seesaw" and config.inputs_in_kernel:
     raise ValueError("MosaicConfig.inputs_in_kernel does not combine with the \"seesaw\" "
                      "consumers")
-  if config.stage_output and not consumers.startswith("p_exchange"):
-    raise ValueError("MosaicConfig.stage_output needs the \"p_exchange\" consumers "
-                     f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
+  for field in ("stage_output", "stage_partials"):
+    if getattr(config, field) and not consumers.startswith("p_exchange"):
+      raise ValueError(f"MosaicConfig.{field} needs the \"p_exchange\" consumers "
+                       f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
@@ -483,12 +491,14 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
   if direct:
-    scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair)
+    scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair,
+                                          stage_partials=config.stage_partials)
     kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                                consumers=consumers, inputs_in_kernel=in_kernel, pair=pair,
                                registers=config.direct_registers,
                                stage_output=config.stage_output is not False
-                               and consumers.startswith("p_exchange"))
+                               and consumers.startswith("p_exchange"),
+                               stage_partials=config.stage_partials)
   else:
     scratch, kernel = _staged_kernel(config, splits)
   results = plgpu.kernel(

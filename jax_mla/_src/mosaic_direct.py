@@ -70,17 +70,23 @@ REGISTERS = {
 }
 
 
-def scratch_types(consumers, s_padding=0, pair=False):
+def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
   consumers. "p_exchange": warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the
   row factors instead of S, and its final m and l at the end. "seesaw": mosaic_seesaw's P
-  tiles, factors and barriers instead of the S exchange."""
+  tiles, factors and barriers instead of the S exchange. stage_partials: the K tiles share
+  their memory (a RefUnion) with two f32 [64, 256] tiles for the consumers' partials."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
+  k_tiles = plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled)
+  if stage_partials:
+    k_tiles = plgpu.RefUnion(k_tiles, plgpu.SMEM(
+        (2, BLOCK_ROWS, HALF), jnp.float32,
+        transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))))
   scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
-      k_smem=plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled),
+      k_smem=k_tiles,
       q_bar=plgpu.Barrier(num_arrivals=2),
   )
   if consumers == "seesaw":
@@ -108,7 +114,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
            s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
            rows_smem=None, ml_full=None, p_a_smem=None, p_b_smem=None, p_full=None,
            p_free=None, consumers="p_exchange", inputs_in_kernel=False, pair=False,
-           registers=None, stage_output=False):
+           registers=None, stage_output=False, stage_partials=False):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -126,7 +132,17 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   its bf16 half of the output through its half of q_smem and a TMA copy. Safe there because
   warpgroup 1 never reads Q, warpgroup 0 has read its last QK's operands before its loop
   ends, and warpgroup 1 writes only after ml_full, which warpgroup 0 arrives on after its
-  loop (and after writing Q, with inputs_in_kernel)."""
+  loop (and after writing Q, with inputs_in_kernel). stage_partials (the same consumers;
+  k_smem is then the RefUnion of scratch_types): with several splits each consumer writes its
+  f32 partial through an f32 tile laid over the K tiles (warpgroup h over tile h) and a TMA
+  copy. Every K tile is dead by then: warpgroup 0 writes after its last wait on s_free
+  (warpgroup 1's last PV is done), warpgroup 1 after ml_full (warpgroup 0's last MMAs are
+  done), and every fill, the peer CTA's halves included, was waited for before its block
+  was used."""
+  if stage_partials:
+    k_smem, partial_smem = k_smem
+  else:
+    partial_smem = None
   qk_ahead = consumers.endswith("_qk_ahead")
   p_exchange = consumers.startswith("p_exchange")
   seesaw = consumers == "seesaw"
@@ -220,7 +236,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     write_half(*lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()), half)
 
   def write_half(acc, m_i, l_i, half, staged=False):
-    stage = q_smem.at[half] if staged and stage_output and num_splits == 1 else None
+    stage = None
+    if staged and stage_output and num_splits == 1:
+      stage = q_smem.at[half]
+    elif staged and partial_smem is not None and num_splits > 1:
+      stage = partial_smem.at[half]
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref, stage_smem=stage)
