@@ -51,7 +51,7 @@ CASES = [
     ("tokens_zero", {}, dict(tokens_per_seq=0), ValueError,
      r"tokens_per_seq must be a positive int; got 0"),
     ("backend_name", {}, dict(backend="cuda"), ValueError,
-     r"backend must be one of \('auto', 'gfx950', 'host', 'reference'\); got 'cuda'"),
+     r"backend must be one of \('auto', 'gfx950', 'host', 'pallas', 'reference'\); got 'cuda'"),
     ("return_lse", {}, dict(return_lse="yes"), TypeError, r"return_lse must be a bool"),
 ]
 

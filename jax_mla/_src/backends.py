@@ -6,7 +6,7 @@ import jax
 
 from jax_mla._src import platform
 
-BACKENDS = ("auto", "gfx950", "host", "reference")
+BACKENDS = ("auto", "gfx950", "host", "pallas", "reference")
 
 
 def check_backend_name(backend) -> None:
@@ -63,4 +63,7 @@ def resolve(backend: str) -> str:
     ok, why = host_available()
     if not ok:
       raise RuntimeError(f"backend='host' cannot run: {why}")
+  if backend == "pallas":
+    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+    pallas_backend.default_kernel()  # raises where no Pallas kernel serves the device
   return backend

@@ -27,7 +27,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     tokens_per_seq: query tokens per sequence (MTP); all attend to the same KV list.
     num_kv_splits: KV splits of the kernel backends; None picks one from the static shapes
       (`jax_mla.plan.num_kv_splits`). The reference ignores it (it does not split).
-    backend: "auto", "gfx950", "host" or "reference" (see the README's backend table).
+    backend: "auto", "gfx950", "host", "pallas" (experimental, explicit only) or "reference"
+      (see the README's backend table).
     return_lse: whether to return the LSE. The split kernel at one split writes bf16 directly and
       no LSE, so with `return_lse=True` kernel backends run at least 2 splits.
     check_indices: check on the device, before the launch, that kv_indptr is non-decreasing,
@@ -58,6 +59,10 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
   if backend == "reference":
     out, lse = reference_decode(*args, sink, tokens_per_seq=tokens_per_seq)
     return out, (lse if return_lse else None)
+  if backend == "pallas":
+    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+    return pallas_backend.decode(*args, sink, tokens_per_seq=tokens_per_seq,
+                                 num_kv_splits=num_kv_splits, return_lse=return_lse)
   from jax_mla._src import split_kernel  # pylint: disable=import-outside-toplevel
   if backend == "gfx950":
     from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
@@ -84,8 +89,8 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
       (calls sharing a workspace are ordered by that data dependence); donate it under jit so it
       is updated in place. After a failed call, `jax_mla.reset_workspace` it.
     return_lse: False skips the LSE (returned as None).
-    backend: "auto", "gfx950", "host" or "reference" (which computes the same result with the
-      pure-JAX decode and returns the workspace untouched).
+    backend: "auto", "gfx950", "host", "pallas" or "reference" (the last two compute the same
+      result with their decode and return the workspace untouched).
     check_indices: as in `decode`, except that kv_indptr may start at an offset >= 0.
 
   Returns:
@@ -106,6 +111,10 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
   if check_indices:
     kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
                                                zero_start=False)
+  if backend == "pallas":
+    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+    args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
+    return pallas_backend.decode_persistent(*args, workspace, return_lse=return_lse)
   if backend != "reference":
     return persistent_kernel.decode_persistent(
         q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, return_lse=return_lse,

@@ -19,6 +19,10 @@ def run(argv=None) -> int:
           f"{f' ({arch})' if arch else ''}")
   ok, why = backends.host_available()
   print(f"host backend: {'available' if ok else 'unavailable'} ({why})")
+  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+  kernel, why = pallas_backend.kernel_for(jax.devices()[0])
+  print(f"pallas backend (experimental, explicit only): "
+        f"{'the ' + kernel + ' kernel' if kernel else 'unavailable'} ({why})")
   print("code objects:")
   try:
     from jax_mla._src import code_objects  # pylint: disable=import-outside-toplevel

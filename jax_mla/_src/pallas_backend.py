@@ -1,0 +1,75 @@
+"""backend="pallas": the Pallas GPU kernels behind `decode` and `decode_persistent`.
+
+On an sm90 (Hopper) CUDA GPU the Mosaic GPU kernel (`mosaic_decode`: wgmma, TMA, warp
+specialization); on other CUDA GPUs and on ROCm GPUs the Triton-lowered kernel
+(`pallas_decode`). EXPERIMENTAL: only an explicit `backend="pallas"` runs it; `"auto"` does not
+pick it until its speed floor (3x plain XLA at batch >= 64, no slower anywhere) is measured at
+every shape of benchmarks/NOTES-pallas.md. Both kernels hold the decode contracts (lse with the
+sink, empty rows, padding never read, one executable for every set of lengths).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_mla._src import platform
+
+KERNELS = ("mosaic", "triton")
+
+
+def kernel_for(device) -> tuple[str | None, str]:
+  """(which Pallas kernel serves `device`, or None; why)."""
+  vendor = platform.gpu_vendor(device)
+  if vendor == "cuda":
+    capability = str(getattr(device, "compute_capability", ""))
+    if capability.startswith("9."):
+      return "mosaic", f"a CUDA GPU of compute capability {capability}: the Mosaic GPU kernel"
+    return "triton", (f"a CUDA GPU of compute capability {capability or 'unknown'} (the "
+                      "Mosaic GPU kernel needs 9.x): the Triton kernel")
+  if vendor == "rocm":
+    return "triton", "a ROCm GPU: the Triton kernel"
+  return None, (f"the default device is {getattr(device, 'platform', device)!r}; "
+                "backend='pallas' needs a CUDA or ROCm GPU")
+
+
+def default_kernel() -> str:
+  """The kernel for the default device; raises RuntimeError where there is none."""
+  kernel, why = kernel_for(jax.devices()[0])
+  if kernel is None:
+    raise RuntimeError(f"backend='pallas' cannot run: {why}")
+  return kernel
+
+
+def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+           num_kv_splits: int | None, return_lse: bool):
+  """`jax_mla.decode` on the Pallas backend; arguments validated, sink f32 [H]."""
+  num_tokens, num_heads = q.shape[:2]
+  if num_tokens == 0:  # no sequences: nothing to launch
+    return (jnp.zeros((0, num_heads, q.shape[2]), jnp.bfloat16),
+            jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
+  if default_kernel() == "mosaic":
+    from jax_mla._src import mosaic_decode  # pylint: disable=import-outside-toplevel
+    return mosaic_decode.mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                       tokens_per_seq=tokens_per_seq,
+                                       num_kv_splits_=num_kv_splits, return_lse=return_lse)
+  from jax_mla._src import pallas_decode  # pylint: disable=import-outside-toplevel
+  return pallas_decode.pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                     tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits,
+                                     return_lse=return_lse, interpret=_interpret())
+
+
+def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                      return_lse: bool):
+  """`jax_mla.decode_persistent` on the Pallas backend: the same decode, one token per row.
+  The gfx950 kernel's workspace is not needed; it is returned unchanged, so a model written
+  against the persistent API keeps its data dependence and runs unmodified."""
+  out, lse = decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq=1,
+                    num_kv_splits=None, return_lse=return_lse)
+  return out, lse, workspace
+
+
+def _interpret() -> bool:
+  """Pallas interpret mode for the Triton kernel: off on a GPU. (Tests on the CPU swap
+  default_kernel and this to run the whole backend in interpret mode.)"""
+  return False

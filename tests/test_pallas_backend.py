@@ -1,0 +1,138 @@
+"""backend="pallas" of `jax_mla.decode` and `decode_persistent`: which kernel serves which
+device, the errors where none does, and the whole public path against the float64 oracle.
+
+On the CPU the public path runs with the Triton kernel in Pallas interpret mode (the kernel
+choice swapped in), and the Mosaic route is checked by lowering it for CUDA. On a GPU (marked
+`gpu`) the same calls run compiled with the device's own kernel."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mla
+from compare import assert_bf16_decode_close
+from jax_mla._src import pallas_backend
+from oracle import oracle_decode
+from rows import make_batch
+
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
+GPU = [pytest.mark.gpu, pytest.mark.skipif(
+    not ON_GPU, reason=f"needs a CUDA or ROCm GPU; the default backend is "
+    f"{jax.default_backend()!r}")]
+
+
+@dataclasses.dataclass
+class FakeDevice:
+  platform: str
+  compute_capability: str | None = None
+
+
+@pytest.mark.parametrize("device,kernel", [
+    (FakeDevice("cuda", "9.0"), "mosaic"),
+    (FakeDevice("cuda", "8.0"), "triton"),
+    (FakeDevice("cuda", "10.0"), "triton"),
+    (FakeDevice("cuda"), "triton"),
+    (FakeDevice("rocm"), "triton"),
+    (FakeDevice("cpu"), None),
+    (FakeDevice("tpu"), None),
+])
+def test_kernel_for_each_device(device, kernel):
+  assert pallas_backend.kernel_for(device)[0] == kernel
+
+
+def test_on_the_cpu_both_apis_say_why_they_cannot_run():
+  batch = make_batch(np.random.default_rng(1), num_heads=128, lengths=[3, 0], sink=0.2)
+  with pytest.raises(RuntimeError, match="backend='pallas' cannot run: the default device is "
+                     "'cpu'; backend='pallas' needs a CUDA or ROCm GPU"):
+    jax_mla.decode(*batch.args(), backend="pallas")
+  workspace = jax_mla.make_workspace(max_rows=2)
+  with pytest.raises(RuntimeError, match="backend='pallas' cannot run"):
+    jax_mla.decode_persistent(*batch.args(), workspace, backend="pallas")
+
+
+def test_auto_does_not_pick_it():
+  """Experimental until its speed floor holds at every measured shape (NOTES-pallas.md)."""
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  assert backends.explain_auto()[0] != "pallas"
+
+
+@pytest.fixture(params=["interpret", pytest.param("gpu", marks=GPU)])
+def mode(request, monkeypatch):
+  """interpret: the Triton kernel in Pallas interpret mode stands in for the device's kernel."""
+  if request.param == "interpret":
+    monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+    monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
+  return request.param
+
+
+def check(batch, out, lse):
+  out = np.asarray(jnp.asarray(out, jnp.float32))
+  assert_bf16_decode_close(out, np.asarray(lse),
+                           *oracle_decode(*batch.args(), batch.tokens_per_seq))
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(8, 1), (16, 1), (16, 2), (16, 4), (32, 1),
+                                                     (64, 1), (128, 1)])
+def test_decode_matches_the_oracle(mode, num_heads, tokens_per_seq):
+  del mode
+  rng = np.random.default_rng(num_heads + tokens_per_seq)
+  # An empty row, rows shorter than a KV block, one over two blocks; a sink per head.
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
+  decode = jax.jit(lambda *a: jax_mla.decode(*a, tokens_per_seq=tokens_per_seq,
+                                             backend="pallas"))
+  check(batch, *decode(*batch.args()))
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+def test_decode_splits_and_no_lse(mode, num_kv_splits):
+  del mode
+  batch = make_batch(np.random.default_rng(7), num_heads=64, lengths=[200, 2, 0], sink=-1.0)
+  out, lse = jax_mla.decode(*batch.args(), num_kv_splits=num_kv_splits, backend="pallas")
+  check(batch, out, lse)
+  out_only, none = jax_mla.decode(*batch.args(), num_kv_splits=num_kv_splits,
+                                  backend="pallas", return_lse=False)
+  assert none is None
+  np.testing.assert_array_equal(np.asarray(out_only), np.asarray(out))
+
+
+def test_persistent_api_runs_and_returns_the_workspace_unchanged(mode):
+  del mode
+  batch = make_batch(np.random.default_rng(3), num_heads=128, lengths=[70, 0, 3], sink=0.5)
+  workspace = jax_mla.make_workspace(max_rows=4)
+  out, lse, returned = jax_mla.decode_persistent(*batch.args(), workspace, backend="pallas")
+  check(batch, out, lse)
+  assert returned is workspace
+
+
+def test_persistent_api_with_no_rows_gives_empty_results(mode):
+  del mode
+  batch = make_batch(np.random.default_rng(4), num_heads=128, lengths=[], sink=0.1)
+  workspace = jax_mla.make_workspace(max_rows=4)
+  out, lse, _ = jax_mla.decode_persistent(*batch.args(), workspace, backend="pallas")
+  assert out.shape == (0, 128, 512) and out.dtype == jnp.bfloat16
+  assert lse.shape == (0, 128) and lse.dtype == jnp.float32
+
+
+def test_the_mosaic_route_lowers_for_cuda_from_the_cpu(monkeypatch):
+  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "mosaic")
+  batch = make_batch(np.random.default_rng(5), num_heads=128, lengths=[5, 0, 150], sink=0.3)
+  shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+  exported = jax.export.export(
+      jax.jit(lambda *a: jax_mla.decode(*a, backend="pallas")), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*shapes)
+  assert "mosaic_gpu" in exported.mlir_module()
+
+
+def test_the_triton_route_lowers_for_rocm_from_the_cpu(monkeypatch):
+  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+  batch = make_batch(np.random.default_rng(6), num_heads=64, lengths=[5, 9], sink=0.3)
+  shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
+  exported = jax.export.export(
+      jax.jit(lambda *a: jax_mla.decode(*a, backend="pallas")), platforms=["rocm"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          *shapes)
+  assert "__gpu$xla.gpu.triton" in exported.mlir_module()
