@@ -391,7 +391,7 @@ def main():
           "flashmla_us": issue[0] if issue else None, "issue_plain_us": issue[1] if issue else None,
           "rel_err_vs_plain": agree[name][0] if name in agree else None,
           "finite": agree[name][1] if name in agree else None,
-          **({"kernels_us": kernels[name]} if a.kernels else {})})
+          **({"us_by_kernel": kernels[name]} if a.kernels else {})})
     for name, why in failed.items():
       rows.append({"heads": heads, "tokens_per_seq": tps, "batch": batch, "kv_len": kv_len,
                    "impl": name, "error": why})
@@ -421,7 +421,7 @@ def write_results(out, meta, rows):
   with open(out + ".json", "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
   # The per-kernel breakdown (--kernels) is a mapping: JSON only.
-  keys = sorted({k for r in rows for k in r} - {"kernels_us"},
+  keys = sorted({k for r in rows for k in r} - {"us_by_kernel"},
                 key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
   with open(out + ".csv", "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
