@@ -152,10 +152,10 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 # "mosaic_share_p" and "mosaic_pair_share_p" are "mosaic_s_exchange", "mosaic_unpaired" and
 # "mosaic" (its "mosaic_pair", "mosaic_qk_ahead" and "mosaic_pair_qk_ahead":
 # "mosaic_s_exchange_paired", "mosaic_qk_ahead" and "mosaic_qk_ahead_paired"); before the
-# seventh session "mosaic" was the staged design, named below with "staged_". Since the tenth
+# seventh session "mosaic" was the staged design (removed in the tenth). Since the tenth
 # session "mosaic" reads its inputs in the kernel (the ninth's "mosaic_inputs_in_kernel"; its
-# "mosaic" is now "mosaic_xla_inputs"); the "mosaic_s_exchange*" variants keep the XLA passes (the ninth's default).
-_STAGED = {"design": "staged"}
+# "mosaic" is now "mosaic_xla_inputs"); the "mosaic_s_exchange*" variants keep the XLA
+# passes (the ninth's default).
 _UNPAIRED = {"pair_row_blocks": False}
 _S_EXCHANGE = {"consumers": "s_exchange", "inputs_in_kernel": False, **_UNPAIRED}
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
@@ -171,7 +171,7 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 "mosaic_seesaw_unpaired": {"consumers": "seesaw", **_UNPAIRED},
                 "mosaic_xla_inputs": {"inputs_in_kernel": False},
                 "mosaic_register_store": {"stage_output": False},
-                "mosaic_staged_partials": {"stage_partials": True},
+                "mosaic_partials_via_tma": {"stage_partials": True},
                 "mosaic_s_exchange_inputs_in_kernel": {**_S_EXCHANGE, "inputs_in_kernel": True},
                 # Register splits (warpgroups 0, 1, producer): of the default consumers, and
                 # of "s_exchange" (its default before 2026-12-03's ptxas finding, and one that
@@ -185,13 +185,8 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
                 # and the merge may cost more than the steps they spread.
                 "mosaic_splits_128": {"min_split_entries": 128},
-                "mosaic_splits_256": {"min_split_entries": 256},
-                "mosaic_staged": _STAGED,
-                "mosaic_staged_wgmma": {**_STAGED, "dequant_layout": "wgmma"},
-                "mosaic_staged_duplicated_qk": {**_STAGED, "split_qk": False},
-                "mosaic_staged_one_thread": {**_STAGED, "producer_warps": False},
-                "mosaic_staged_long_splits": {**_STAGED, "min_split_entries": 256},
-                "mosaic_staged_registers_240": {**_STAGED, "consumer_registers": 240}}
+                "mosaic_splits_256": {"min_split_entries": 256}}
+
 
 
 def looped(f, steps):

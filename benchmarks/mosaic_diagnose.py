@@ -17,7 +17,8 @@ scales decoded by XLA and loaded from global memory, and each row staged by one 
 every input with NoPE values was wrong (qzero: NoPE off by up to 5.8 where the largest value is
 5.8); with the scales read from the staged rows, or with each row staged as four 64-word
 copies, all five inputs matched (max error 0.06 on values up to 24). The kernel now reads the
-scales from the staged rows (results/h200_2026-12-02_mosaic_diagnose.txt).
+scales from the staged rows (results/h200_2026-12-02_mosaic_diagnose.txt). (That was the staged
+design, removed on 2026-12-03; the variants are now the default and the S exchange.)
 """
 
 import sys
@@ -68,7 +69,7 @@ def main(names, config):
           "lse err per sequence", [f"{e:.3g}" for e in lse_err], flush=True)
 
 
-VARIANTS = (md.MosaicConfig(), md.MosaicConfig(dequant_layout="wgmma"))
+VARIANTS = (md.MosaicConfig(), md.MosaicConfig(consumers="s_exchange"))
 
 if __name__ == "__main__":
   for config in VARIANTS:

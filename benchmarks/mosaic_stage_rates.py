@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/mosaic_stage_rates.py [--stages qk_split,qk_full,pv,dequant,softmax]
 
-The profile of the whole kernel (mosaic_profile.py) puts about 3.4 us per 64-entry step in QK,
+The profile of the whole staged-design kernel (mosaic_profile.py, removed with it) put about 3.4 us per 64-entry step in QK,
 which is 64 x 32 x 512 per consumer, about 0.3 us at the tensor cores' rate. This script runs
 each stage alone, in a kernel shaped like the decode's (one CTA per SM, two consumer
 warpgroups, the same shared-memory tiles and swizzle), `reps` times in a loop, and reports
@@ -28,7 +28,7 @@ Stages (each per consumer warpgroup, both at once):
   direct design's producer does per step. gather_unconverted: its loads and stores without the
   dequantization (wrong values).
 
-The other stages are the staged design's (MosaicConfig(design="staged")).
+The other stages are the staged design's (removed on 2026-12-03; benchmarks/NOTES-pallas.md).
 """
 
 import argparse

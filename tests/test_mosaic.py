@@ -50,31 +50,24 @@ CONFIGS = {
     "s_exchange_xla_inputs": md.MosaicConfig(inputs_in_kernel=False, **S_EXCHANGE),
     "xla_inputs": md.MosaicConfig(inputs_in_kernel=False),
     "register_store": md.MosaicConfig(stage_output=False),
-    "staged_partials": md.MosaicConfig(stage_partials=True),  # not yet run on a GPU
+    "partials_via_tma": md.MosaicConfig(stage_partials=True),  # not yet run on a GPU
     "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
     "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
     "seesaw_unpaired": md.MosaicConfig(consumers="seesaw", **UNPAIRED),
     "seesaw": md.MosaicConfig(consumers="seesaw"),
-    "staged": md.MosaicConfig(design="staged"),
-    "staged_wgmma_layout": md.MosaicConfig(design="staged", dequant_layout="wgmma"),
-    "staged_duplicated_qk": md.MosaicConfig(design="staged", split_qk=False),
-    "staged_one_issuing_thread": md.MosaicConfig(design="staged", producer_warps=False),
-    "staged_exact_math": md.MosaicConfig(design="staged", approx_math=False),
-    "staged_registers_240": md.MosaicConfig(design="staged", consumer_registers=240),
 }
-# Each design, and each consumer split and path of the direct one, runs the contract tests
-# below (sinks, indices, poison, NaN, empty rows): at 128 heads where its CTAs are paired (two
-# row blocks), else at 64.
+# Each consumer split and path of the kernel runs the contract tests below (sinks, indices,
+# poison, NaN, empty rows): at 128 heads where its CTAs are paired (two row blocks), else at 64.
 DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
            "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
            "direct_p_exchange_qk_ahead": "p_exchange_qk_ahead",
            "direct_xla_inputs": "s_exchange_xla_inputs",
-           "direct_seesaw": "seesaw_unpaired", "staged": "staged"}
+           "direct_seesaw": "seesaw_unpaired"}
 
 
 def heads(design):
   config = CONFIGS[DESIGNS[design]]
-  return 128 if config.design == "direct" and config.pair_row_blocks is not False else 64
+  return 128 if config.pair_row_blocks is not False else 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,50 +105,15 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert "mosaic_gpu" in exported.mlir_module()
 
 
-def test_profiling_the_staged_kernel_fits_shared_memory_up_to_kv_512():
-  """The profiler's records (benchmarks/mosaic_profile.py) fit beside the staged kernel for 8
-  steps of 64 entries; 9 do not. Mosaic checks shared memory while lowering, on any machine;
-  a CPU lowering of the profiled kernel then stops at its host callback, after that check."""
-  args = abstract_args(make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2],
-                                  sink=0.3))
-
-  def lowering_error(steps):
-    config = md.MosaicConfig(design="staged", profile_dir="/tmp/unused", profile_steps=steps)
-    fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=1,
-                                   config=config))
-    try:
-      fn.trace(*args).lower(lowering_platforms=("cuda",))
-    except ValueError as e:
-      return str(e)
-    return ""
-
-  assert "exceeds available shared memory" not in lowering_error(8)
-  assert "exceeds available shared memory" in lowering_error(9)
-
-
 @pytest.mark.parametrize("bad,match", [
-    (dict(dequant_layout="wide"), "dequant_layout must be 'wgmma' or 'upcast', got 'wide'"),
-    (dict(design="flash"), r"design must be one of \('direct', 'staged'\), got 'flash'"),
-    (dict(consumer_registers=250), r"consumer_registers must be a multiple of 8 in 224..240"),
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
     (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
     (dict(consumers="seesaw_ahead"), r"consumers must be one of \('p_exchange', "),
     (dict(consumers="seesaw", inputs_in_kernel=True), "inputs_in_kernel does not combine"),
-    (dict(design="staged", consumers="s_exchange"), "consumers, inputs_in_kernel, "
-     "pair_row_blocks, direct_registers, stage_output and stage_partials belong to the "
-     "direct design"),
-    (dict(design="staged", stage_partials=True), "belong to the direct design"),
     (dict(consumers="seesaw", stage_partials=True), "stage_partials needs the \"p_exchange\""),
-    (dict(design="staged", stage_output=False), "belong to the direct design"),
-    (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\""),
-    (dict(design="staged", pair_row_blocks=False), "belong to the direct design"),
-    (dict(design="staged", inputs_in_kernel=True), "belong to the direct design"),
-    (dict(design="staged", direct_registers=(208, 184, 112)), "belong to the direct design"),
-    (dict(profile_dir="/tmp/x"), "profile_dir and profile_steps are set together"),
-    (dict(profile_dir="/tmp/x", profile_steps=4), "only the staged design has profiled regions"),
-    (dict(profile_steps=4), "profile_dir and profile_steps are set together")])
+    (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\"")])
 def test_bad_config_values_raise(bad, match):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
   with pytest.raises(ValueError, match=match):

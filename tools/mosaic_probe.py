@@ -2,7 +2,7 @@
 against numpy, each in its own process (a fault on the GPU poisons its CUDA context). Needs an
 sm90 GPU; with --lower-only it only lowers each probe for CUDA (any machine).
 
-Why: the kernel's dequantization loads staged rows whose 512-byte pitch puts every row on the
+Why: the staged design's dequantization (removed on 2026-12-03) loaded staged rows whose 512-byte pitch puts every row on the
 same shared-memory banks (8-way conflicts). Padding the rows to PITCH bytes removes that, but the
 padded kernel faulted on the GPU; these probes narrow down which operation does it.
 

@@ -235,11 +235,11 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
 
     write_half(*lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()), half)
 
-  def write_half(acc, m_i, l_i, half, staged=False):
+  def write_half(acc, m_i, l_i, half, via_smem=False):
     stage = None
-    if staged and stage_output and num_splits == 1:
+    if via_smem and stage_output and num_splits == 1:
       stage = q_smem.at[half]
-    elif staged and partial_smem is not None and num_splits > 1:
+    elif via_smem and partial_smem is not None and num_splits > 1:
       stage = partial_smem.at[half]
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
@@ -344,7 +344,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     rows_smem[0] = m_i
     rows_smem[1] = l_i
     plgpu.barrier_arrive(ml_full)
-    write_half(acc, m_i, l_i, 0, staged=True)
+    write_half(acc, m_i, l_i, 0, via_smem=True)
 
   def pv_from_shared_p():
     """Warpgroup 1's loop with the "p_exchange" consumers: rescale its half of O, then
@@ -366,7 +366,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     plgpu.barrier_wait(ml_full)
     m_i = plgpu.load(rows_smem.at[0], (), layout=row_layout, optimized=False)
     l_i = plgpu.load(rows_smem.at[1], (), layout=row_layout, optimized=False)
-    write_half(acc, m_i, l_i, 1, staged=True)
+    write_half(acc, m_i, l_i, 1, via_smem=True)
 
   def seesaw_consumer(half):
     mosaic_seesaw.consumer(half, k_smem=k_smem, p_smems=(p_a_smem, p_b_smem),

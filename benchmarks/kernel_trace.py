@@ -4,7 +4,9 @@ The Mosaic GPU profiler (`CompilerParams(profile_space=..., profile_dir=...)`) w
 trace per call: begin ("B") and end ("E") events of each named region (`jax.named_scope` in the
 kernel body), one thread id per warpgroup of every CTA (`tid = 1 + warpgroup + warpgroups * cta`)
 and "ts" in microseconds. `summarize` turns that into, per warpgroup role and region, how often
-it was entered and how long it took, plus the span of each CTA.
+it was entered and how long it took, plus the span of each CTA. (Written for the staged
+design's profile script, removed with that design on 2026-12-03; kept for profiling the
+current kernel's regions.)
 """
 
 from __future__ import annotations
