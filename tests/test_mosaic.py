@@ -53,16 +53,13 @@ CONFIGS = {
     "partials_via_tma": md.MosaicConfig(stage_partials=True),  # not yet run on a GPU
     "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
     "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
-    "seesaw_unpaired": md.MosaicConfig(consumers="seesaw", **UNPAIRED),
-    "seesaw": md.MosaicConfig(consumers="seesaw"),
 }
 # Each consumer split and path of the kernel runs the contract tests below (sinks, indices,
 # poison, NaN, empty rows): at 128 heads where its CTAs are paired (two row blocks), else at 64.
 DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
            "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
            "direct_p_exchange_qk_ahead": "p_exchange_qk_ahead",
-           "direct_xla_inputs": "s_exchange_xla_inputs",
-           "direct_seesaw": "seesaw_unpaired"}
+           "direct_xla_inputs": "s_exchange_xla_inputs"}
 
 
 def heads(design):
@@ -110,9 +107,9 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
     (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
     (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
-    (dict(consumers="seesaw_ahead"), r"consumers must be one of \('p_exchange', "),
-    (dict(consumers="seesaw", inputs_in_kernel=True), "inputs_in_kernel does not combine"),
-    (dict(consumers="seesaw", stage_partials=True), "stage_partials needs the \"p_exchange\""),
+    (dict(consumers="seesaw"), r"consumers must be one of \('p_exchange', "),
+    (dict(consumers="s_exchange_qk_ahead", stage_partials=True),
+     "stage_partials needs the \"p_exchange\""),
     (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\"")])
 def test_bad_config_values_raise(bad, match):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])

@@ -1,6 +1,6 @@
-"""The Mosaic GPU decode kernel's consumer math (mosaic_direct and mosaic_seesaw): the online
-softmax step with the split's length mask, and the epilogue that writes a warpgroup's half of
-the output and the lse."""
+"""The Mosaic GPU decode kernel's consumer math (mosaic_direct): the online softmax step with
+the split's length mask, and the epilogue that writes a warpgroup's half of the output and the
+lse."""
 
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, LAUNCH_REGISTERS
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-  """The kernel's choices (mosaic_direct's design). The defaults are the fastest measured;
-  the other values are kept to measure against (benchmarks/gpu_decode.py's MOSAIC_IMPLS)."""
+  """The kernel's choices (mosaic_direct's design). The defaults are the fastest measured
+  (stage_partials, not yet run on a GPU, is off); the other values are kept to measure against
+  (benchmarks/gpu_decode.py's MOSAIC_IMPLS)."""
   # The direct design's S exchange (the "s_exchange" consumers): f32 columns of padding after
   # each of S's 64 in shared memory. Unpadded, the eight rows a wgmma-layout store or load
   # touches at once all start on the same bank (8-way conflicts); 8 columns put four rows on
@@ -45,19 +46,17 @@ class MosaicConfig:
   # (mosaic_direct.CONSUMERS); None: "p_exchange". On the H200 (2026-12-03, 128 heads, K
   # 2048, B 128; each pair of numbers from one run): "p_exchange" 277.0 against 296.9 us for
   # "s_exchange"; "s_exchange_qk_ahead" 443.8 against 330.1 for "s_exchange" (an earlier
-  # register split; ptxas serialized its wgmmas, C7512 and C7519); "seesaw" 495.5 against
-  # 296.9 (ptxas spilled 1272 bytes); "p_exchange_qk_ahead" 381.2 against 249.5 for
-  # "p_exchange" (ptxas spilled 68 bytes).
+  # register split; ptxas serialized its wgmmas, C7512 and C7519); "p_exchange_qk_ahead"
+  # 381.2 against 249.5 for "p_exchange" (ptxas spilled 68 bytes).
   consumers: str | None = None
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
   # before the kernel (Q's dequantization and padding, the indices' padding and clamping).
-  # None: on, except with the "seesaw" consumers (which do not support it). Measured as GPU
-  # busy time per call (gpu_decode.py --timing profiler; H200, 2026-12-03, 128 heads) it was
-  # faster at every shape: 39.5 against 46.4 us at B 64, K 512; 76.2 against 88.3 at B 128,
-  # K 512; 216.9 against 229.6 at B 128, K 2048; 14.6 against 15.4 at B 1, K 512 (the XLA
-  # passes took 5.8-10.5 us at B 64-128). (Host-clock loops had hidden that behind the loop's
-  # own gaps.)
-  inputs_in_kernel: bool | None = None
+  # Measured as GPU busy time per call (gpu_decode.py --timing profiler; H200, 2026-12-03,
+  # 128 heads) it was faster at every shape: 39.5 against 46.4 us at B 64, K 512; 76.2
+  # against 88.3 at B 128, K 512; 216.9 against 229.6 at B 128, K 2048; 14.6 against 15.4 at
+  # B 1, K 512 (the XLA passes took 5.8-10.5 us at B 64-128). (Host-clock loops had hidden
+  # that behind the loop's own gaps.)
+  inputs_in_kernel: bool = True
   # The direct design pairs the CTAs of row blocks 2j and 2j + 1 (128 heads: both blocks of a
   # sequence) in a cluster, and each gathers and dequantizes half of every KV block into both
   # (mosaic_pair). Without it both gather every row. Ignored when the row blocks are odd in
@@ -116,9 +115,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if consumers not in mosaic_direct.CONSUMERS:
     raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
                      f"got {config.consumers!r}")
-  if consumers == "seesaw" and config.inputs_in_kernel:
-    raise ValueError("MosaicConfig.inputs_in_kernel does not combine with the \"seesaw\" "
-                     "consumers")
   for field in ("stage_output", "stage_partials"):
     if getattr(config, field) and not consumers.startswith("p_exchange"):
       raise ValueError(f"MosaicConfig.{field} needs the \"p_exchange\" consumers "
@@ -141,8 +137,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       rule=config.split_rule)
 
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  in_kernel = (config.inputs_in_kernel if config.inputs_in_kernel is not None
-               else consumers != "seesaw")
+  in_kernel = config.inputs_in_kernel
   if in_kernel:
     q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
                 q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))

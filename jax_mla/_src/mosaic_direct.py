@@ -30,7 +30,6 @@ from jax.experimental import pallas as pl
 from jax_mla._src import mosaic_consumer
 from jax_mla._src import mosaic_gather
 from jax_mla._src import mosaic_pair
-from jax_mla._src import mosaic_seesaw
 from jax_mla._src.kernel_math import split_chunks
 from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
@@ -44,9 +43,9 @@ NUM_K_TILES = 2
 # "s_exchange_qk_ahead": "s_exchange", with warpgroup 0 issuing block n + 1's QK before block
 #   n's softmax and PV, so the tensor cores compute it while the softmax runs.
 # "p_exchange_qk_ahead": "p_exchange", with the same early QK.
-# "seesaw": mosaic_seesaw's, the blocks taken in pairs, one QK per warpgroup per pair.
-CONSUMERS = ("p_exchange", "p_exchange_qk_ahead", "s_exchange", "s_exchange_qk_ahead",
-             "seesaw")
+# (A "seesaw", FlashMLA's other order with the blocks taken in pairs and one QK per warpgroup
+# per pair, ran at 495.5 against 296.9 us and was removed on 2026-12-03: NOTES-pallas.md.)
+CONSUMERS = ("p_exchange", "p_exchange_qk_ahead", "s_exchange", "s_exchange_qk_ahead")
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to
 # mosaic_consumer.LAUNCH_REGISTERS, per consumer split. The producer holds the loaded words of
 # two row groups.
@@ -66,7 +65,6 @@ REGISTERS = {
     # Warpgroup 0 also holds the next block's S accumulator while it works on this one's (32
     # more registers per thread); the producer gives them up.
     "s_exchange_qk_ahead": {0: 224, 1: 160, 2: 120},
-    "seesaw": mosaic_seesaw.REGISTERS,
 }
 
 
@@ -74,8 +72,7 @@ def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
   consumers. "p_exchange": warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the
-  row factors instead of S, and its final m and l at the end. "seesaw": mosaic_seesaw's P
-  tiles, factors and barriers instead of the S exchange. stage_partials: the K tiles share
+  row factors instead of S, and its final m and l at the end. stage_partials: the K tiles share
   their memory (a RefUnion) with two f32 [64, 256] tiles for the consumers' partials."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
@@ -89,16 +86,13 @@ def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
       k_smem=k_tiles,
       q_bar=plgpu.Barrier(num_arrivals=2),
   )
-  if consumers == "seesaw":
-    scratch.update(mosaic_seesaw.scratch_types())
-  else:
-    scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
+  scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
   if consumers.startswith("p_exchange"):
     scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                    # Row factors per step; m and l after the last.
                    rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
                    ml_full=plgpu.Barrier(num_arrivals=1))
-  elif consumers != "seesaw":
+  else:
     scratch.update(s_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV + s_padding), jnp.float32))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
@@ -112,9 +106,8 @@ def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
 
 def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits, rows,
            s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
-           rows_smem=None, ml_full=None, p_a_smem=None, p_b_smem=None, p_full=None,
-           p_free=None, consumers="p_exchange", inputs_in_kernel=False, pair=False,
-           registers=None, stage_output=False, stage_partials=False):
+           rows_smem=None, ml_full=None, consumers="p_exchange", inputs_in_kernel=False,
+           pair=False, registers=None, stage_output=False, stage_partials=False):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -145,7 +138,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     partial_smem = None
   qk_ahead = consumers.endswith("_qk_ahead")
   p_exchange = consumers.startswith("p_exchange")
-  seesaw = consumers == "seesaw"
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
@@ -164,8 +156,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
-  # The seesaw's consumers may read one block past the split: its entries belong to the next.
-  split_limit = jnp.minimum(length, chunk_hi * BLOCK_KV) if seesaw else None
   registers = REGISTERS[consumers] if registers is None else dict(enumerate(registers))
 
   def set_registers(role):
@@ -179,12 +169,8 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   def _producer():
     set_registers(2)
 
-    # An empty split's block is all invalid rows: zeros, and no index read; so is the
-    # seesaw's block past an odd split's end.
-    if seesaw:
-      fills, limit = 2 * mosaic_seesaw.num_pairs(steps), split_limit
-    else:
-      fills, limit = jnp.maximum(steps, 1) if qk_ahead else steps, length
+    # An empty split's block is all invalid rows: zeros, and no index read.
+    fills, limit = jnp.maximum(steps, 1) if qk_ahead else steps, length
 
     @pl.loop(0, fills)
     def _fill(step):
@@ -368,13 +354,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     l_i = plgpu.load(rows_smem.at[1], (), layout=row_layout, optimized=False)
     write_half(acc, m_i, l_i, 1, via_smem=True)
 
-  def seesaw_consumer(half):
-    mosaic_seesaw.consumer(half, k_smem=k_smem, p_smems=(p_a_smem, p_b_smem),
-                           rows_smem=rows_smem, p_full=p_full, p_free=p_free, k_free=k_free,
-                           steps=steps, chunk_lo=chunk_lo, limit=split_limit,
-                           pair=pair, wait_filled=wait_filled, issue_qk=issue_qk, pv=pv,
-                           write_half=write_half)
-
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
@@ -392,9 +371,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
       return
     if qk_ahead:
       qk_ahead_consumer()
-      return
-    if seesaw:
-      seesaw_consumer(0)
       return
 
     def scores(step, tile):
@@ -414,10 +390,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     set_registers(1)
     if p_exchange:
       pv_from_shared_p()
-      return
-    if seesaw:
-      plgpu.barrier_wait(q_bar)  # it computes QK too
-      seesaw_consumer(1)
       return
 
     def scores(step, tile):
