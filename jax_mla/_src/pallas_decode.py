@@ -306,18 +306,3 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
                                  num_tokens=num_tokens, num_heads=num_heads)
   return out, (lse if return_lse else None)
-
-
-def pallas_decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
-                             return_lse: bool = True, interpret: bool = False):
-  """The persistent API on the Pallas backend: H = 128, one token per row, the same decode.
-
-  The workspace (the gfx950 kernel's scratch) is not needed here: it is returned unchanged, so
-  a model written against `decode_persistent` runs unmodified and keeps its data dependence.
-
-  Returns:
-    `(out bf16 [N, 128, 512], lse f32 [N, 128] or None, workspace)`.
-  """
-  out, lse = pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq=1,
-                           return_lse=return_lse, interpret=interpret)
-  return out, lse, workspace
