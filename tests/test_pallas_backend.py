@@ -136,3 +136,29 @@ def test_the_triton_route_lowers_for_rocm_from_the_cpu(monkeypatch):
       disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
           *shapes)
   assert "__gpu$xla.gpu.triton" in exported.mlir_module()
+
+
+def test_one_executable_serves_every_set_of_lengths(mode):
+  del mode
+  rng = np.random.default_rng(9)
+  traces = []
+
+  def decode(*args):
+    traces.append(1)
+    return jax_mla.decode(*args, backend="pallas")
+
+  jitted = jax.jit(decode)
+  for lengths in ([10, 20, 30], [0, 0, 60], [59, 1, 0]):  # same total: same index-list shape
+    batch = make_batch(rng, num_heads=64, lengths=lengths, sink=0.0)
+    check(batch, *jitted(*batch.args()))
+  assert len(traces) == 1
+
+
+def test_check_indices_names_the_bad_entry_before_the_kernel_runs(mode):
+  del mode
+  from jax.experimental import checkify  # pylint: disable=import-outside-toplevel
+  batch = make_batch(np.random.default_rng(8), num_heads=64, lengths=[4, 6], sink=0.2)
+  batch.kv_indices = batch.kv_indices.copy()
+  batch.kv_indices[7] = batch.kv.shape[0]  # one past the pool
+  with pytest.raises(checkify.JaxRuntimeError, match=r"kv_indices\[7\] = "):
+    jax_mla.decode(*batch.args(), backend="pallas", check_indices=True)
