@@ -162,3 +162,23 @@ def test_check_indices_names_the_bad_entry_before_the_kernel_runs(mode):
   batch.kv_indices[7] = batch.kv.shape[0]  # one past the pool
   with pytest.raises(checkify.JaxRuntimeError, match=r"kv_indices\[7\] = "):
     jax_mla.decode(*batch.args(), backend="pallas", check_indices=True)
+
+
+def test_vmap_equals_the_unbatched_calls(mode):
+  """jax.vmap over whole decode problems (Pallas's batching rule adds a grid axis)."""
+  del mode
+  from rows import equal_width_batches  # pylint: disable=import-outside-toplevel
+  batches = equal_width_batches(np.random.default_rng(0), 2, num_heads=64,
+                                lengths=([3, 0, 40], [70, 1, 0]), pool_rows=48, sink=0.5,
+                                extra=3)
+  fields = ("q", "q_rope", "kv", "kv_rope", "kv_indptr", "kv_indices")
+  stacked = [np.stack([getattr(b, f) for b in batches]) for f in fields]
+  decode = lambda *a: jax_mla.decode(*a, backend="pallas", num_kv_splits=2)
+  out, lse = jax.jit(jax.vmap(decode, in_axes=(0,) * 6 + (None,)))(*stacked, batches[0].sink)
+  assert np.isfinite(np.asarray(out, np.float32)).all()
+  for i, batch in enumerate(batches):
+    want_out, want_lse = jax.jit(decode)(*batch.args())
+    np.testing.assert_array_equal(np.asarray(out[i], np.float32),
+                                  np.asarray(want_out, np.float32))
+    np.testing.assert_array_equal(np.asarray(lse[i]), np.asarray(want_lse))
+    check(batch, out[i], lse[i])
