@@ -26,11 +26,13 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
       means no sink for that head, `+inf` gives an all-zero output.
     tokens_per_seq: query tokens per sequence (MTP); all attend to the same KV list.
     num_kv_splits: KV splits of the kernel backends; None picks one from the static shapes
-      (`jax_mla.plan.num_kv_splits`). The reference ignores it (it does not split).
+      (`jax_mla.plan.num_kv_splits`; backend "pallas" plans its own grid). The reference
+      ignores it (it does not split).
     backend: "auto", "gfx950", "host", "pallas" (experimental, explicit only) or "reference"
       (see the README's backend table).
-    return_lse: whether to return the LSE. The split kernel at one split writes bf16 directly and
-      no LSE, so with `return_lse=True` kernel backends run at least 2 splits.
+    return_lse: whether to return the LSE. The gfx950 split kernel at one split writes bf16
+      directly and no LSE, so with `return_lse=True` the gfx950 and host backends run at least
+      2 splits (the pallas kernels write the LSE at any split count).
     check_indices: check on the device, before the launch, that kv_indptr is non-decreasing,
       starts at 0, ends <= len(kv_indices) and that every used index is in [0, R); violations
       report through `jax.experimental.checkify` (eagerly they raise; under jit wrap with
