@@ -113,18 +113,17 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
   if check_indices:
     kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
                                                zero_start=False)
-  if backend == "pallas":
-    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-    args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
-    return pallas_backend.decode_persistent(*args, workspace, return_lse=return_lse)
-  if backend != "reference":
+  if backend not in ("reference", "pallas"):
     return persistent_kernel.decode_persistent(
         q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, return_lse=return_lse,
         backend=backend)
-  if num_rows == 0:
+  if num_rows == 0:  # nothing to launch on either
     out = jnp.zeros((0, q.shape[1], q.shape[2]), jnp.bfloat16)
     return out, (jnp.zeros((0, q.shape[1]), jnp.float32) if return_lse else None), workspace
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
+  if backend == "pallas":
+    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+    return pallas_backend.decode_persistent(*args, workspace, return_lse=return_lse)
   out, lse = reference_decode(*args, tokens_per_seq=1)
   return out, (lse if return_lse else None), workspace
 

@@ -68,6 +68,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   (bf16 with one split, f32 with more). The output goes through it and one TMA copy, instead
   of each thread storing its fragments of rows straight to global memory (4- or 8-byte
   stores, eight rows apart)."""
+  plgpu = _plgpu()
 
   def store(value, at):
     if stage_smem is None:
@@ -77,7 +78,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
       plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
       plgpu.copy_smem_to_gmem(stage_smem, out_ref.at[at])
       plgpu.wait_smem_to_gmem(0)
-  plgpu = _plgpu()
+
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
   m_safe = jnp.where(seen, m_i, 0.0)

@@ -170,9 +170,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     set_registers(2)
 
     # An empty split's block is all invalid rows: zeros, and no index read.
-    fills, limit = jnp.maximum(steps, 1) if qk_ahead else steps, length
-
-    @pl.loop(0, fills)
+    @pl.loop(0, jnp.maximum(steps, 1) if qk_ahead else steps)
     def _fill(step):
       tile = lax.rem(step, NUM_K_TILES)
 
@@ -181,7 +179,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
         plgpu.barrier_wait(k_free.at[tile])
 
       first = (chunk_lo + step) * BLOCK_KV
-      num_valid = jnp.clip(limit - first, 0, BLOCK_KV)
+      num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
                                       num_valid, k_smem.at[tile], clamp=inputs_in_kernel,
                                       pair=(rank, ready, tile) if pair else None)

@@ -11,12 +11,8 @@ sink, empty rows, padding never read, one executable for every set of lengths).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from jax_mla._src import platform
-
-KERNELS = ("mosaic", "triton")
-
 
 def kernel_for(device) -> tuple[str | None, str]:
   """(which Pallas kernel serves `device`, or None; why)."""
@@ -43,11 +39,8 @@ def default_kernel() -> str:
 
 def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
            num_kv_splits: int | None, return_lse: bool):
-  """`jax_mla.decode` on the Pallas backend; arguments validated, sink f32 [H]."""
-  num_tokens, num_heads = q.shape[:2]
-  if num_tokens == 0:  # no sequences: nothing to launch
-    return (jnp.zeros((0, num_heads, q.shape[2]), jnp.bfloat16),
-            jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
+  """`jax_mla.decode` on the Pallas backend; arguments validated (at least one sequence),
+  sink f32 [H]."""
   if default_kernel() == "mosaic":
     from jax_mla._src import mosaic_decode  # pylint: disable=import-outside-toplevel
     return mosaic_decode.mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
@@ -61,7 +54,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_se
 
 def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
                       return_lse: bool):
-  """`jax_mla.decode_persistent` on the Pallas backend: the same decode, one token per row.
+  """`jax_mla.decode_persistent` on the Pallas backend (at least one row): the same decode,
+  one token per row.
   The gfx950 kernel's workspace is not needed; it is returned unchanged, so a model written
   against the persistent API keeps its data dependence and runs unmodified."""
   out, lse = decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq=1,
