@@ -1,7 +1,8 @@
 """The decode on one GPU: the Pallas backend, the XLA reference, a plain jitted XLA version, and
 the GPU's ceilings, over DeepSeek-V4 shapes (issue 8).
 
-Usage: python benchmarks/gpu_decode.py [--suite full|h128|others|quick|others-quick|big|floor|batch1|tiny]
+Usage: python benchmarks/gpu_decode.py
+         [--suite full|h128|others|h64|h16x4|quick|others-quick|big|floor|batch1|tiny]
          [--impls pallas,plain,reference] [--configs 64x64w8s2,...] [--steps 30] [--rounds 3]
          [--out benchmarks/results/NAME]
 
@@ -11,7 +12,8 @@ config, and variants of it; benchmarks/NOTES-pallas.md says what each is).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
-them as two commands (`full` does not fit one 10-minute device command).
+them as two commands (`full` does not fit one 10-minute device command). With --timing profiler
+and three implementations (2026-12-03) h128 took 227 s, h64 about 230 and h16x4 271.
 
 Timing: each measurement is one jitted `lax.fori_loop` of `--steps` decode calls whose KV
 indices change every step (`(indices + step * 4099) & 65535`, a permutation of the pool, so no
@@ -169,7 +171,6 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 "mosaic_p_exchange_qk_ahead": {"consumers": "p_exchange_qk_ahead"},
                 "mosaic_xla_inputs": {"inputs_in_kernel": False},
                 "mosaic_register_store": {"stage_output": False},
-                "mosaic_partials_via_tma": {"stage_partials": True},
                 "mosaic_s_exchange_inputs_in_kernel": {**_S_EXCHANGE, "inputs_in_kernel": True},
                 # Register splits (warpgroups 0, 1, producer): of the default consumers, and
                 # of "s_exchange" (its default before 2026-12-03's ptxas finding, and one that
@@ -183,7 +184,12 @@ MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
                 # and the merge may cost more than the steps they spread.
                 "mosaic_splits_128": {"min_split_entries": 128},
-                "mosaic_splits_256": {"min_split_entries": 256}}
+                "mosaic_splits_256": {"min_split_entries": 256},
+                # The partials merged always by one Pallas kernel, or always by XLA (the
+                # default, "auto", picks by the split count).
+                "mosaic_merge_kernel": {"merge": "kernel"},
+                "mosaic_merge_xla": {"merge": "xla"},
+                "mosaic_merge_kernel_splits_128": {"merge": "kernel", "min_split_entries": 128}}
 
 
 
@@ -243,7 +249,8 @@ def shapes_for(suite):
   h128 = [(128, 1, b, k) for b in batches for k in lens]
   others = [(64, 1, b, k) for b in batches for k in lens] + [
       (16, 4, b, k) for b in batches for k in lens]
-  return {"h128": h128, "others": others, "full": h128 + others}[suite]
+  return {"h128": h128, "others": others, "full": h128 + others, "h64": others[:15],
+          "h16x4": others[15:]}[suite]
 
 
 def check_agreement(p, tokens_per_seq, config, impl="pallas"):
@@ -258,7 +265,7 @@ def check_agreement(p, tokens_per_seq, config, impl="pallas"):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--suite", default="full",
-                  choices=["full", "h128", "others", "quick", "others-quick", "big", "floor",
+                  choices=["full", "h128", "others", "h64", "h16x4", "quick", "others-quick", "big", "floor",
                            "batch1", "tiny"])
   ap.add_argument("--impls", default="pallas,plain,reference")
   ap.add_argument("--configs", default="", help="Pallas variants, e.g. 64x64w8s2,128x32w16s2")

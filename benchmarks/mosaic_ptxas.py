@@ -20,8 +20,7 @@ import sys
 NAMED = {"default": {}, "unpaired": {"pair_row_blocks": False},
          "s_exchange": {"consumers": "s_exchange", "pair_row_blocks": False},
          "qk_ahead": {"consumers": "s_exchange_qk_ahead", "pair_row_blocks": False},
-         "p_exchange_qk_ahead": {"consumers": "p_exchange_qk_ahead"},
-         "partials_via_tma": {"stage_partials": True}}
+         "p_exchange_qk_ahead": {"consumers": "p_exchange_qk_ahead"}}
 INTERESTING = re.compile(r"spill|serializ|Used \d+ registers|C75\d\d|stack frame", re.I)
 
 

@@ -1,8 +1,8 @@
 """The fp8 MLA decode as a Pallas Mosaic GPU kernel (NVIDIA Hopper: wgmma, TMA, warpgroups).
 
-EXPERIMENTAL: `jax_mla.decode(..., backend="pallas")` runs it on sm90 GPUs (pallas_backend);
-it lowers on any machine (checked in CI) and passes the oracle tests on an H200;
-benchmarks/NOTES-pallas.md has its speed.
+`jax_mla.decode(..., backend="pallas")` (and "auto" on a GPU) runs it on sm90 GPUs
+(pallas_backend); it lowers on any machine (checked in CI) and passes the oracle tests on an
+H200; benchmarks/NOTES-pallas.md has its speed.
 
 One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups: the kernel is
 mosaic_direct's (the producer gathers and dequantizes rows from global memory itself,
@@ -13,7 +13,7 @@ raw rows into shared memory and both consumers dequantized them: 13-22% slower, 
 measurements are in the notes and its code in the history.)
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
-writes softmax-normalized f32 partials and their lse, merged by `pallas_merge.merge_partials`.
+writes softmax-normalized f32 partials and their lse, merged by `pallas_merge` (MosaicConfig.merge).
 Lengths and indices are device values: one executable serves every set of lengths.
 """
 
@@ -33,8 +33,8 @@ from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, LAUNCH_REGISTERS
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-  """The kernel's choices (mosaic_direct's design). The defaults are the fastest measured
-  (stage_partials, not yet run on a GPU, is off); the other values are kept to measure against
+  """The kernel's choices (mosaic_direct's design). The defaults are the fastest measured;
+  the other values are kept to measure against
   (benchmarks/gpu_decode.py's MOSAIC_IMPLS)."""
   # The direct design's S exchange (the "s_exchange" consumers): f32 columns of padding after
   # each of S's 64 in shared memory. Unpadded, the eight rows a wgmma-layout store or load
@@ -72,11 +72,6 @@ class MosaicConfig:
   # against 76.4 at B 128, K 512; 209.0 against 218.3 at B 128, K 2048; at batch 1 (several
   # splits: f32 partials, stored as before) within 0.2 us.
   stage_output: bool | None = None
-  # stage_output for the f32 partials of several splits (batch 1 and other small batches):
-  # each consumer's partial goes through an f32 tile laid over the K tiles, which are dead by
-  # then, and one TMA copy. Needs the "p_exchange" consumers. Lowers on the CPU; not yet run
-  # on a GPU (2026-12-03), so off.
-  stage_partials: bool = False
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
   # REGISTERS for the consumers.
@@ -95,6 +90,15 @@ class MosaicConfig:
   # (ex2.approx, lg2.approx: relative error about 2^-22, far below bf16's). 3% faster on the
   # H200 (2026-12-02, B 128, K 2048: 419 us against 433, the same build otherwise).
   approx_math: bool = True
+  # How several splits' partials are merged (pallas_merge.MERGES): "xla" (merge_partials's
+  # jnp: XLA's passes), "kernel" (merge_kernel: one Pallas pass) or "auto" (the kernel from
+  # pallas_merge.KERNEL_MERGE_MIN_SPLITS splits on, where XLA's reduction over the splits is
+  # slow). GPU busy time per call on the H200 (2026-12-03), the whole decode, XLA's merge
+  # against the kernel: at batch 1, K 2048 (32 splits) 20.1 against 17.3 us (128 heads), 17.5
+  # against 15.5 (64), 19.0 against 16.2 (16 x 4); at K 512 and 1024 (8 and 16 splits) within
+  # 0.5 us either way; at batch 8 and 32 the kernel lost 1.4-7 us (benchmarks/merge_bench.py:
+  # XLA merges 16.8 MB of L2-resident partials in 1.8 us, the kernel in 7.9).
+  merge: str = "auto"
 
 
 def _plgpu():
@@ -111,14 +115,16 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.split_rule not in pallas_plan.SPLIT_RULES:
     raise ValueError(f"MosaicConfig.split_rule must be one of {pallas_plan.SPLIT_RULES}, "
                      f"got {config.split_rule!r}")
+  if config.merge not in pallas_merge.MERGES:
+    raise ValueError(f"MosaicConfig.merge must be one of {pallas_merge.MERGES}, "
+                     f"got {config.merge!r}")
   consumers = config.consumers or "p_exchange"
   if consumers not in mosaic_direct.CONSUMERS:
     raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
                      f"got {config.consumers!r}")
-  for field in ("stage_output", "stage_partials"):
-    if getattr(config, field) and not consumers.startswith("p_exchange"):
-      raise ValueError(f"MosaicConfig.{field} needs the \"p_exchange\" consumers "
-                       f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
+  if config.stage_output and not consumers.startswith("p_exchange"):
+    raise ValueError("MosaicConfig.stage_output needs the \"p_exchange\" consumers "
+                     f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
@@ -162,14 +168,12 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
-  scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair,
-                                        stage_partials=config.stage_partials)
+  scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair)
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                              consumers=consumers, inputs_in_kernel=in_kernel, pair=pair,
                              registers=config.direct_registers,
                              stage_output=config.stage_output is not False
-                             and consumers.startswith("p_exchange"),
-                             stage_partials=config.stage_partials)
+                             and consumers.startswith("p_exchange"))
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
@@ -177,5 +181,5 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), indices, *q_inputs, kv, kv_rope, sink_rows)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
-                                 num_heads=num_heads)
+                                 num_heads=num_heads, merge=config.merge)
   return out, (lse if return_lse else None)

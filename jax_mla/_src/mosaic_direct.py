@@ -1,8 +1,8 @@
-"""The Mosaic GPU decode kernel's "direct" design (MosaicConfig(design="direct")): the producer
+"""The Mosaic GPU decode kernel (mosaic_decode's; first called the "direct" design): the producer
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
-memory and the three warpgroups overlap. EXPERIMENTAL: passes the GPU tests of
-tests/test_mosaic.py on the H200; at 128 heads, batch 64-128 it is 3.0 to 3.3 times plain XLA
-in GPU busy time per call (2026-12-03; benchmarks/NOTES-pallas.md).
+memory and the three warpgroups overlap. Passes the GPU tests of tests/test_mosaic.py on the
+H200; at 128 heads, batch 64-128 it is 3.0 to 3.3 times plain XLA in GPU busy time per call
+(2026-12-03; benchmarks/NOTES-pallas.md).
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel, with
 the default "p_exchange" consumers (CONSUMERS below has the others):
@@ -68,19 +68,14 @@ REGISTERS = {
 }
 
 
-def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
+def scratch_types(consumers, s_padding=0, pair=False):
   """The kernel's shared memory. pair (mosaic_pair): K tiles are filled by both CTAs of a
   cluster, so `ready` (PTX-driven barriers) replaces k_full, and k_free counts both CTAs'
   consumers. "p_exchange": warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and the
-  row factors instead of S, and its final m and l at the end. stage_partials: the K tiles share
-  their memory (a RefUnion) with two f32 [64, 256] tiles for the consumers' partials."""
+  row factors instead of S, and its final m and l at the end."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   k_tiles = plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled)
-  if stage_partials:
-    k_tiles = plgpu.RefUnion(k_tiles, plgpu.SMEM(
-        (2, BLOCK_ROWS, HALF), jnp.float32,
-        transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))))
   scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=k_tiles,
@@ -107,7 +102,7 @@ def scratch_types(consumers, s_padding=0, pair=False, stage_partials=False):
 def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits, rows,
            s_full=None, s_free=None, s_smem=None, k_full=None, ready=None, p_smem=None,
            rows_smem=None, ml_full=None, consumers="p_exchange", inputs_in_kernel=False,
-           pair=False, registers=None, stage_output=False, stage_partials=False):
+           pair=False, registers=None, stage_output=False):
   """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
   with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
   and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
@@ -125,17 +120,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   its bf16 half of the output through its half of q_smem and a TMA copy. Safe there because
   warpgroup 1 never reads Q, warpgroup 0 has read its last QK's operands before its loop
   ends, and warpgroup 1 writes only after ml_full, which warpgroup 0 arrives on after its
-  loop (and after writing Q, with inputs_in_kernel). stage_partials (the same consumers;
-  k_smem is then the RefUnion of scratch_types): with several splits each consumer writes its
-  f32 partial through an f32 tile laid over the K tiles (warpgroup h over tile h) and a TMA
-  copy. Every K tile is dead by then: warpgroup 0 writes after its last wait on s_free
-  (warpgroup 1's last PV is done), warpgroup 1 after ml_full (warpgroup 0's last MMAs are
-  done), and every fill, the peer CTA's halves included, was waited for before its block
-  was used."""
-  if stage_partials:
-    k_smem, partial_smem = k_smem
-  else:
-    partial_smem = None
+  loop (and after writing Q, with inputs_in_kernel). (The f32 partials of several splits
+  went the same way, through an f32 tile laid over the dead K tiles: no faster on the H200,
+  2026-12-03, so removed; benchmarks/NOTES-pallas.md.)"""
   qk_ahead = consumers.endswith("_qk_ahead")
   p_exchange = consumers.startswith("p_exchange")
   if inputs_in_kernel:
@@ -223,8 +210,6 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
     stage = None
     if via_smem and stage_output and num_splits == 1:
       stage = q_smem.at[half]
-    elif via_smem and partial_smem is not None and num_splits > 1:
-      stage = partial_smem.at[half]
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref, stage_smem=stage)

@@ -1,12 +1,34 @@
-"""Merging the Pallas kernel's per-split partials, in jnp (XLA fuses it into one GPU pass).
+"""Merging the Pallas kernels' per-split partials: in jnp (XLA: three GPU passes) or as one
+Triton-lowered Pallas kernel (`merge_kernel`: one pass, each program reading every split of a
+[rows, 128] tile at once).
 
 Every split writes its partial (an empty split writes o = 0, lse = -inf), and the weights are
 selected, not multiplied, so a partial with lse = -inf never contributes, whatever its o holds.
+Both merges compute the same expressions in the same order.
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+MERGES = ("auto", "xla", "kernel")
+# merge="auto" takes the kernel from this many splits on. Measured on the H200 (2026-12-03,
+# benchmarks/merge_bench.py, GPU busy time per merge): XLA's passes took 3.8 / 4.2 / 8.9 us
+# for 8 / 16 / 32 splits of 128 rows (its reduction over the splits changes strategy past 16),
+# the kernel 4.5 / 4.8 / 6.1; with more sequences XLA wins (1.8 against 7.9 us for 32
+# sequences of 2 splits).
+KERNEL_MERGE_MIN_SPLITS = 32
+# merge_kernel's tile: 128 of the 512 columns, and as many rows as keep one program's load of
+# every split at about 4096 elements (16 KB), so the splits' loads are issued together rather
+# than one latency after another in a loop.
+MERGE_COLS = 128
+MERGE_ELEMENTS = 4096
+MERGE_WARPS = 4
 
 
 def merge_partials(parts, part_lse, sink_rows):
@@ -20,24 +42,93 @@ def merge_partials(parts, part_lse, sink_rows):
   Returns:
     (out bf16 [B, R, 512], lse f32 [B, R]), lse with the sink included.
   """
+  seen, shares, lse = _weights(part_lse, sink_rows[None, None, :], axis=1)
+  out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=1)
+  return out.astype(jnp.bfloat16), lse[:, 0]
+
+
+def _weights(part_lse, sink_rows, axis):
+  """merge_partials's split weights along `axis`: (seen, shares, lse with the sink; its split
+  axis kept, of size 1)."""
   seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
-  mx = jnp.max(part_lse, axis=1)  # [B, R]
+  mx = jnp.max(part_lse, axis=axis, keepdims=True)
   any_seen = mx != -jnp.inf
   mx_safe = jnp.where(any_seen, mx, 0.0)
-  weights = jnp.where(seen, jnp.exp(part_lse - mx_safe[:, None]), 0.0)
-  total = jnp.sum(weights, axis=1)
+  weights = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
+  total = jnp.sum(weights, axis=axis, keepdims=True)
   lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
-  lse = jnp.logaddexp(lse_kv, sink_rows[None, :])
-  # Each split's share of the full denominator; a +inf sink makes every share exp(-inf) = 0.
-  shares = jnp.where(seen, jnp.exp(part_lse - lse[:, None]), 0.0)
-  out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=1)
-  return out.astype(jnp.bfloat16), lse
+  lse = jnp.logaddexp(lse_kv, sink_rows)
+  return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
 
 
-def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads):
-  """The kernel's results (final, or partials when num_splits > 1, then merged here) as
-  (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped."""
-  out, lse = results if num_splits == 1 else merge_partials(*results, sink_rows)
+def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_splits: int,
+                padded_splits: int, block_rows: int, block_cols: int):
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+  seq, row_block, col_block = (pl.program_id(i) for i in range(3))
+  splits = jnp.arange(padded_splits, dtype=jnp.int32)[:, None]
+  rows = row_block * block_rows + jnp.arange(block_rows, dtype=jnp.int32)[None, :]
+  cols = col_block * block_cols + jnp.arange(block_cols, dtype=jnp.int32)
+  real = jnp.broadcast_to(splits < num_splits, (padded_splits, block_rows))
+  # The splits past num_splits (padding to a power of 2) load as never seen.
+  # The partials' load first: the weights' arithmetic can run while it is in flight.
+  parts = plgpu.load(parts_ref.at[seq, splits[:, :, None], rows[:, :, None], cols[None, None, :]],
+                     mask=jnp.broadcast_to(real[:, :, None], (*real.shape, block_cols)),
+                     other=0.0)
+  part_lse = plgpu.load(lse_ref.at[seq, splits, rows], mask=real, other=-jnp.inf)
+  sink = sink_ref[pl.ds(row_block * block_rows, block_rows)]
+  seen, shares, lse = _weights(part_lse, sink[None, :], axis=0)
+  out = jnp.sum(jnp.where(seen[:, :, None], parts * shares[:, :, None], 0.0), axis=0)
+  out_ref[seq, pl.ds(row_block * block_rows, block_rows),
+          pl.ds(col_block * block_cols, block_cols)] = out.astype(out_ref.dtype)
+
+  @pl.when(col_block == 0)
+  def _():
+    out_lse_ref[seq, pl.ds(row_block * block_rows, block_rows)] = lse[0]
+
+
+def merge_kernel(parts, part_lse, sink_rows, *, interpret: bool = False,
+                 block_cols: int = MERGE_COLS, elements: int = MERGE_ELEMENTS,
+                 num_warps: int = MERGE_WARPS):
+  """merge_partials as one Pallas kernel (Triton-lowered; interpret mode on any backend).
+
+  A program per (sequence, tile of rows, 128 columns) loads every split of its tile together;
+  the rows must be a multiple of 16 (the Pallas kernels pad them to their row blocks)."""
+  num_seqs, num_splits, num_rows, head_dim = parts.shape
+  if head_dim % block_cols or num_rows % 16:
+    raise ValueError(f"merge_kernel needs rows a multiple of 16 and columns of "
+                     f"{block_cols}, got parts {parts.shape}")
+  padded_splits = pl.next_power_of_2(num_splits)
+  block_rows = max(1, min(16, elements // (padded_splits * block_cols)))
+  kernel = functools.partial(_merge_tile, num_splits=num_splits, padded_splits=padded_splits,
+                             block_rows=block_rows, block_cols=block_cols)
+  extra = {}
+  if not interpret:
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+    extra["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+  return pl.pallas_call(
+      kernel, grid=(num_seqs, num_rows // block_rows, head_dim // block_cols),
+      out_shape=(jax.ShapeDtypeStruct((num_seqs, num_rows, head_dim), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((num_seqs, num_rows), jnp.float32)),
+      interpret=interpret, name="jax_mla_merge_partials", **extra,
+  )(parts, part_lse, sink_rows)
+
+
+def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads, merge: str = "xla",
+           interpret: bool = False):
+  """The kernel's results (final, or partials when num_splits > 1, then merged here by
+  `merge`: "xla" (merge_partials), "kernel" (merge_kernel) or "auto" (the kernel from
+  KERNEL_MERGE_MIN_SPLITS splits on)) as (out bf16 [T, H, 512], lse f32 [T, H]), padding rows
+  dropped."""
+  if merge not in MERGES:
+    raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+  if merge == "auto":
+    merge = "kernel" if num_splits >= KERNEL_MERGE_MIN_SPLITS else "xla"
+  if num_splits == 1:
+    out, lse = results
+  elif merge == "kernel":
+    out, lse = merge_kernel(*results, sink_rows, interpret=interpret)
+  else:
+    out, lse = merge_partials(*results, sink_rows)
   out = out[:, :rows]
   return (out.reshape(num_tokens, num_heads, out.shape[-1]),
           lse[:, :rows].reshape(num_tokens, num_heads))

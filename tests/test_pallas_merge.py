@@ -1,0 +1,121 @@
+"""The split merge (pallas_merge): XLA's jnp and the Pallas kernel (interpret mode here; its GPU
+runs are the decode tests of test_mosaic.py, config "merge_kernel") against a float64 oracle
+written from the definition, with the edge cases the decode kernels produce: empty splits
+(lse = -inf, their partials poisoned), rows no split saw, sinks of -inf and +inf, NaN."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compare import assert_bf16_decode_close
+from jax_mla._src import pallas_merge
+
+
+def oracle_merge(parts, part_lse, sink_rows):
+  """out[b, r] = sum over the splits that saw anything of exp(lse_s - lse) * parts_s, where
+  lse = log(sum_s exp(lse_s) + exp(sink)); float64, row by row."""
+  num_seqs, _, num_rows, dim = parts.shape
+  out = np.zeros((num_seqs, num_rows, dim))
+  lse = np.zeros((num_seqs, num_rows))
+  for b in range(num_seqs):
+    for r in range(num_rows):
+      ls = part_lse[b, :, r].astype(np.float64)
+      seen = ls != -np.inf
+      terms = list(ls[seen]) + ([float(sink_rows[r])] if sink_rows[r] != -np.inf else [])
+      if np.isnan(ls).any():
+        out[b, r], lse[b, r] = np.nan, np.nan
+      elif sink_rows[r] == np.inf:
+        lse[b, r] = np.inf
+      elif not terms:
+        lse[b, r] = -np.inf
+      else:
+        m = max(terms)
+        lse[b, r] = m + np.log(np.sum(np.exp(np.array(terms) - m)))
+        out[b, r] = np.einsum("s,sd->d", np.exp(ls[seen] - lse[b, r]),
+                              parts[b, seen, r].astype(np.float64))
+  return out, lse
+
+
+def make_partials(rng, num_seqs, num_splits, num_rows, *, nan_row=None):
+  parts = rng.standard_normal((num_seqs, num_splits, num_rows, 512)).astype(np.float32)
+  part_lse = (rng.standard_normal((num_seqs, num_splits, num_rows)) * 4).astype(np.float32)
+  # Empty splits: some, all of one row's, and the first of several rows; their partials hold
+  # NaN, which must never reach the result.
+  empty = rng.random(part_lse.shape) < 0.3
+  empty[:, :, 1] = True
+  empty[:, 0, 4:8] = True
+  part_lse[empty] = -np.inf
+  parts[empty] = np.nan
+  sink = rng.standard_normal(num_rows).astype(np.float32)
+  sink[1:3] = -np.inf  # row 1: nothing seen and no sink
+  sink[5] = np.inf
+  if nan_row is not None:
+    part_lse[:, -1, nan_row] = np.nan
+  return parts, part_lse, sink
+
+
+MERGES = {
+    "xla": jax.jit(pallas_merge.merge_partials),
+    "kernel": jax.jit(functools.partial(pallas_merge.merge_kernel, interpret=True)),
+}
+
+
+@pytest.mark.parametrize("merge", list(MERGES))
+@pytest.mark.parametrize("num_seqs,num_splits,num_rows", [
+    (1, 2, 16), (2, 3, 32), (1, 5, 64), (2, 32, 16), (1, 33, 16)])
+def test_matches_the_oracle(merge, num_seqs, num_splits, num_rows):
+  rng = np.random.default_rng(num_splits * 100 + num_rows)
+  parts, part_lse, sink = make_partials(rng, num_seqs, num_splits, num_rows)
+  out, lse = MERGES[merge](parts, part_lse, sink)
+  assert out.dtype == jnp.bfloat16 and lse.dtype == jnp.float32
+  assert out.shape == (num_seqs, num_rows, 512) and lse.shape == (num_seqs, num_rows)
+  want_out, want_lse = oracle_merge(parts, part_lse, sink)
+  assert np.isfinite(want_out).all()  # the poisoned partials must not reach the result
+  assert_bf16_decode_close(np.asarray(out, np.float32), np.asarray(lse), want_out, want_lse)
+
+
+@pytest.mark.parametrize("merge", list(MERGES))
+def test_a_nan_lse_makes_its_row_nan_and_no_other(merge):
+  rng = np.random.default_rng(7)
+  parts, part_lse, sink = make_partials(rng, 2, 4, 16, nan_row=9)
+  out, lse = (np.asarray(x, np.float32) for x in MERGES[merge](parts, part_lse, sink))
+  want_out, want_lse = oracle_merge(parts, part_lse, sink)
+  assert np.isnan(out[:, 9]).all() and np.isnan(lse[:, 9]).all()
+  assert_bf16_decode_close(out, lse, want_out, want_lse)
+
+
+def test_the_kernel_and_xla_agree_to_a_bf16_rounding():
+  rng = np.random.default_rng(11)
+  parts, part_lse, sink = make_partials(rng, 2, 6, 48)
+  a, b = MERGES["kernel"](parts, part_lse, sink), MERGES["xla"](parts, part_lse, sink)
+  np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+  diff = np.abs(np.asarray(a[0], np.float32) - np.asarray(b[0], np.float32))
+  assert (diff <= 2.0**-8 * np.abs(np.asarray(b[0], np.float32)) + 1e-6).all()
+
+
+@pytest.mark.parametrize("num_splits,kernel", [(1, False), (31, False), (32, True), (64, True)])
+def test_auto_takes_the_kernel_from_32_splits(num_splits, kernel):
+  num_rows = 16
+  results = (jax.ShapeDtypeStruct((1, num_splits, num_rows, 512), jnp.float32),
+             jax.ShapeDtypeStruct((1, num_splits, num_rows), jnp.float32))
+  if num_splits == 1:
+    results = (jax.ShapeDtypeStruct((1, num_rows, 512), jnp.bfloat16),
+               jax.ShapeDtypeStruct((1, num_rows), jnp.float32))
+  finish = functools.partial(pallas_merge.finish, num_splits=num_splits, rows=num_rows,
+                             num_tokens=1, num_heads=num_rows, merge="auto", interpret=True)
+  jaxpr = str(jax.make_jaxpr(lambda r, s: finish(r, sink_rows=s))(
+      results, jax.ShapeDtypeStruct((num_rows,), jnp.float32)))
+  assert ("pallas_call" in jaxpr) == kernel
+
+
+def test_bad_arguments_raise():
+  parts = jnp.zeros((1, 2, 16, 512), jnp.float32)
+  lse = jnp.zeros((1, 2, 16), jnp.float32)
+  with pytest.raises(ValueError, match=r"merge must be one of \('auto', 'xla', 'kernel'\)"):
+    pallas_merge.finish((parts, lse), 2, jnp.zeros(16), rows=16, num_tokens=1, num_heads=16,
+                        merge="fused")
+  with pytest.raises(ValueError, match="rows a multiple of 16"):
+    pallas_merge.merge_kernel(parts[:, :, :8], lse[:, :, :8], jnp.zeros(8), interpret=True)
