@@ -53,10 +53,25 @@ def test_on_the_cpu_both_apis_say_why_they_cannot_run():
     jax_mla.decode_persistent(*batch.args(), workspace, backend="pallas")
 
 
-def test_auto_does_not_pick_it():
-  """Experimental until its speed floor holds at every measured shape (NOTES-pallas.md)."""
+@pytest.mark.parametrize("device,picked", [
+    (FakeDevice("cuda", "9.0"), "pallas"), (FakeDevice("cuda", "8.0"), "pallas"),
+    (FakeDevice("rocm"), "pallas"), (FakeDevice("cpu"), None)])
+def test_auto_picks_it_on_gpus_without_the_gfx950_kernels(monkeypatch, device, picked):
   from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
-  assert backends.explain_auto()[0] != "pallas"
+  monkeypatch.setattr(jax, "devices", lambda *a: [device])
+  monkeypatch.setattr(backends, "gfx950_available", lambda: (False, "not a gfx950"))
+  backend, why = backends.explain_auto()
+  if picked is None:  # the CPU: the host backend, or the reference without the extension
+    assert backend in ("host", "reference"), why
+  else:
+    assert backend == picked and "not a gfx950" in why, why
+
+
+def test_auto_prefers_the_gfx950_kernels(monkeypatch):
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(jax, "devices", lambda *a: [FakeDevice("rocm")])
+  monkeypatch.setattr(backends, "gfx950_available", lambda: (True, "verified"))
+  assert backends.explain_auto() == ("gfx950", "verified")
 
 
 @pytest.fixture(params=["interpret", pytest.param("gpu", marks=GPU)])

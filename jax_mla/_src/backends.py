@@ -46,6 +46,10 @@ def explain_auto() -> tuple[str, str]:
   ok, why = gfx950_available()
   if ok:
     return "gfx950", why
+  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+  kernel, kernel_why = pallas_backend.kernel_for(jax.devices()[0])
+  if kernel is not None:
+    return "pallas", f"{kernel_why} ({why})"
   default = jax.default_backend()
   if default == "cpu":
     ok, host_why = host_available()

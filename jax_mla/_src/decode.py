@@ -28,8 +28,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     num_kv_splits: KV splits of the kernel backends; None picks one from the static shapes
       (`jax_mla.plan.num_kv_splits`; backend "pallas" plans its own grid). The reference
       ignores it (it does not split).
-    backend: "auto", "gfx950", "host", "pallas" (experimental, explicit only) or "reference"
-      (see the README's backend table).
+    backend: "auto", "gfx950", "host", "pallas" or "reference" (see the README's backend
+      table; "auto" picks "pallas" on GPUs without verified gfx950 code objects).
     return_lse: whether to return the LSE. The gfx950 split kernel at one split writes bf16
       directly and no LSE, so with `return_lse=True` the gfx950 and host backends run at least
       2 splits (the pallas kernels write the LSE at any split count).

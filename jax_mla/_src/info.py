@@ -21,7 +21,7 @@ def run(argv=None) -> int:
   print(f"host backend: {'available' if ok else 'unavailable'} ({why})")
   from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
   kernel, why = pallas_backend.kernel_for(jax.devices()[0])
-  print(f"pallas backend (experimental, explicit only): "
+  print(f"pallas backend: "
         f"{'the ' + kernel + ' kernel' if kernel else 'unavailable'} ({why})")
   print("code objects:")
   try:

@@ -1,7 +1,7 @@
 """Gathering a block of packed KV rows from global memory straight into the Mosaic kernel's
 swizzled bf16 K tile: every thread loads, dequantizes and stores its share of the rows' bytes.
 
-EXPERIMENTAL: the producer of mosaic_direct. Pallas's loads read global memory only as slices
+The producer of mosaic_direct. Pallas's loads read global memory only as slices
 shared by a whole warpgroup, so the first ("staged") design, removed on 2026-12-03, copied each
 gathered row into shared memory with a bulk copy first (40 KB per block), and that staging left
 no room for a second K tile (benchmarks/NOTES-pallas.md). This does the gather the

@@ -2,10 +2,10 @@
 
 On an sm90 (Hopper) CUDA GPU the Mosaic GPU kernel (`mosaic_decode`: wgmma, TMA, warp
 specialization); on other CUDA GPUs and on ROCm GPUs the Triton-lowered kernel
-(`pallas_decode`). EXPERIMENTAL: only an explicit `backend="pallas"` runs it; `"auto"` does not
-pick it until its speed floor (3x plain XLA at batch >= 64, no slower anywhere) is measured at
-every shape of benchmarks/NOTES-pallas.md. Both kernels hold the decode contracts (lse with the
-sink, empty rows, padding never read, one executable for every set of lengths).
+(`pallas_decode`). `"auto"` picks it on GPUs without verified gfx950 code objects (its speed
+floor, 3x plain XLA at batch >= 64 and no slower anywhere, held at every shape measured on an
+H200, 2026-12-03: benchmarks/NOTES-pallas.md). Both kernels hold the decode contracts (lse with
+the sink, empty rows, padding never read, one executable for every set of lengths).
 """
 
 from __future__ import annotations
