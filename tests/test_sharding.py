@@ -39,7 +39,9 @@ FIELDS = ("q", "q_rope", "kv", "kv_rope", "kv_indptr", "kv_indices")
 @pytest.mark.skipif(HAVE_DEVICES, reason="this process already has the devices")
 def test_in_a_process_with_8_devices():
   # The child imports exactly what this process imports (the installed or the in-place package).
-  env = child_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip())
+  # JAX_PLATFORMS=cpu: on a GPU machine the child must still get its 8 host devices.
+  env = child_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip(),
+                  JAX_PLATFORMS="cpu")
   result = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
       env=env, cwd=neutral_cwd(), capture_output=True, text=True, timeout=900, check=False)
@@ -93,6 +95,46 @@ def test_rows_split_path_equals_single_device(backend, num_kv_splits, axis_type)
       assert_same(f"device {d} lse", blocks_of(lse, NUM_DEVICES)[d], want_lse)
     else:
       assert lse is None
+
+
+GPUS = [d for d in jax.devices() if d.platform in ("gpu", "cuda", "rocm")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(len(GPUS) < 2, reason=f"needs 2 or more GPUs; this process has {len(GPUS)}")
+@pytest.mark.parametrize("backend", ["reference", "pallas"])
+def test_rows_across_gpus_equal_single_device(backend):
+  """The row layout over every GPU of the machine (issue 9): each device's block equals that
+  device's batch decoded alone on one GPU, bit for bit (the same program on the same data)."""
+  count = len(GPUS)
+  bs = device_batches(128, count, lengths=((5, 0, 300), (700, 1, 33)), pool_rows=800)
+  kwargs = dict(backend=backend)
+  out, lse = jax.jit(jms.decode_rows_sharded(mesh_of(count), "x", **kwargs))(
+      *row_blocks(bs), bs[0].sink)
+  assert {s.device for s in out.addressable_shards} == set(GPUS)
+  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
+  for d, b in enumerate(bs):
+    want_out, want_lse = single(*b.args())
+    assert_same(f"device {d} out", blocks_of(out, count)[d], want_out)
+    assert_same(f"device {d} lse", blocks_of(lse, count)[d], want_lse)
+
+
+@needs_devices
+def test_rows_pallas_backend_equals_single_device(monkeypatch):
+  """backend="pallas" per device (the Triton kernel in Pallas interpret mode stands in for the
+  GPU's kernel here), the rows across 8 devices."""
+  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+  monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
+  bs = device_batches(16, NUM_DEVICES)
+  kwargs = dict(backend="pallas", num_kv_splits=2)
+  out, lse = jax.jit(jms.decode_rows_sharded(mesh_of(NUM_DEVICES), "x", **kwargs))(
+      *row_blocks(bs), bs[0].sink)
+  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
+  for d, b in enumerate(bs):
+    want_out, want_lse = single(*b.args())
+    assert_same(f"device {d} out", blocks_of(out, NUM_DEVICES)[d], want_out)
+    assert_same(f"device {d} lse", blocks_of(lse, NUM_DEVICES)[d], want_lse)
 
 
 @needs_devices
@@ -302,3 +344,21 @@ def test_reference_backend_partitions_under_plain_jit():
   out, _ = fn(*args)
   want, _ = fn(*[np.asarray(a) for a in args])
   assert_same("out", out, want)
+
+
+@needs_devices
+def test_the_sharded_benchmark_runs(tmp_path, monkeypatch, capsys):
+  """benchmarks/sharded_decode.py (issue 9's measurement, for a machine with several GPUs) on 2
+  of the host devices, tiny sizes: it runs and writes its rows. Its timings mean nothing here."""
+  import runpy  # pylint: disable=import-outside-toplevel
+  script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sharded_decode.py")
+  out = tmp_path / "sharded"
+  monkeypatch.setattr(sys, "argv", [script, "--backends", "reference,host", "--devices", "2",
+                                    "--batch-per-device", "2", "--heads", "16", "--kv-len", "64",
+                                    "--pool", "256", "--steps", "2", "--rounds", "1",
+                                    "--out", str(out)])
+  runpy.run_path(script, run_name="__main__")
+  lines = (tmp_path / "sharded.csv").read_text().splitlines()
+  assert lines[1].startswith("backend,devices,") and len(lines) == 4, lines
+  assert [line.split(",")[:2] for line in lines[2:]] == [["reference", "2"], ["host", "2"]]
+  assert "scaling" in capsys.readouterr().out
