@@ -69,8 +69,8 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
   rows = row_block * block_rows + jnp.arange(block_rows, dtype=jnp.int32)[None, :]
   cols = col_block * block_cols + jnp.arange(block_cols, dtype=jnp.int32)
   real = jnp.broadcast_to(splits < num_splits, (padded_splits, block_rows))
-  # The splits past num_splits (padding to a power of 2) load as never seen.
-  # The partials' load first: the weights' arithmetic can run while it is in flight.
+  # The splits past num_splits (padding to a power of 2) load as never seen. The partials'
+  # load comes first, so the weights' arithmetic can run while it is in flight.
   parts = plgpu.load(parts_ref.at[seq, splits[:, :, None], rows[:, :, None], cols[None, None, :]],
                      mask=jnp.broadcast_to(real[:, :, None], (*real.shape, block_cols)),
                      other=0.0)
