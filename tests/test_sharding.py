@@ -77,24 +77,30 @@ def blocks_of(x, count):
 
 # --- rows across devices --------------------------------------------------------------------------
 
+def assert_rows_match_single_device(bs, mesh, **kwargs):
+  """Decodes the per-device batches `bs` in the row layout over `mesh` and checks each device's
+  block bit for bit against that batch decoded alone; returns the global out."""
+  count = len(bs)
+  out, lse = jax.jit(jms.decode_rows_sharded(mesh, "x", **kwargs))(*row_blocks(bs), bs[0].sink)
+  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
+  for d, b in enumerate(bs):
+    want_out, want_lse = single(*b.args())
+    assert_same(f"device {d} out", blocks_of(out, count)[d], want_out)
+    if kwargs.get("return_lse", True):
+      assert_same(f"device {d} lse", blocks_of(lse, count)[d], want_lse)
+    else:
+      assert lse is None
+  return out
+
+
 @needs_devices
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=str)
 @pytest.mark.parametrize("backend,num_kv_splits", [("host", 1), ("host", 3), ("reference", None)])
 def test_rows_split_path_equals_single_device(backend, num_kv_splits, axis_type):
-  bs = device_batches(16, NUM_DEVICES)
-  mesh = mesh_of(NUM_DEVICES, axis_type)
-  kwargs = dict(backend=backend, num_kv_splits=num_kv_splits, return_lse=num_kv_splits != 1)
-  fn = jax.jit(jms.decode_rows_sharded(mesh, "x", **kwargs))
-  out, lse = fn(*row_blocks(bs), bs[0].sink)
+  out = assert_rows_match_single_device(
+      device_batches(16, NUM_DEVICES), mesh_of(NUM_DEVICES, axis_type), backend=backend,
+      num_kv_splits=num_kv_splits, return_lse=num_kv_splits != 1)
   assert out.sharding.spec[0] == "x"
-  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
-  for d, (o, b) in enumerate(zip(blocks_of(out, NUM_DEVICES), bs)):
-    want_out, want_lse = single(*b.args())
-    assert_same(f"device {d} out", o, want_out)
-    if kwargs["return_lse"]:
-      assert_same(f"device {d} lse", blocks_of(lse, NUM_DEVICES)[d], want_lse)
-    else:
-      assert lse is None
 
 
 GPUS = [d for d in jax.devices() if d.platform in ("gpu", "cuda", "rocm")]
@@ -108,15 +114,8 @@ def test_rows_across_gpus_equal_single_device(backend):
   device's batch decoded alone on one GPU, bit for bit (the same program on the same data)."""
   count = len(GPUS)
   bs = device_batches(128, count, lengths=((5, 0, 300), (700, 1, 33)), pool_rows=800)
-  kwargs = dict(backend=backend)
-  out, lse = jax.jit(jms.decode_rows_sharded(mesh_of(count), "x", **kwargs))(
-      *row_blocks(bs), bs[0].sink)
+  out = assert_rows_match_single_device(bs, mesh_of(count), backend=backend)
   assert {s.device for s in out.addressable_shards} == set(GPUS)
-  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
-  for d, b in enumerate(bs):
-    want_out, want_lse = single(*b.args())
-    assert_same(f"device {d} out", blocks_of(out, count)[d], want_out)
-    assert_same(f"device {d} lse", blocks_of(lse, count)[d], want_lse)
 
 
 @needs_devices
@@ -126,15 +125,8 @@ def test_rows_pallas_backend_equals_single_device(monkeypatch):
   from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
   monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
-  bs = device_batches(16, NUM_DEVICES)
-  kwargs = dict(backend="pallas", num_kv_splits=2)
-  out, lse = jax.jit(jms.decode_rows_sharded(mesh_of(NUM_DEVICES), "x", **kwargs))(
-      *row_blocks(bs), bs[0].sink)
-  single = jax.jit(functools.partial(jax_mla.decode, **kwargs))
-  for d, b in enumerate(bs):
-    want_out, want_lse = single(*b.args())
-    assert_same(f"device {d} out", blocks_of(out, NUM_DEVICES)[d], want_out)
-    assert_same(f"device {d} lse", blocks_of(lse, NUM_DEVICES)[d], want_lse)
+  assert_rows_match_single_device(device_batches(16, NUM_DEVICES), mesh_of(NUM_DEVICES),
+                                  backend="pallas", num_kv_splits=2)
 
 
 @needs_devices
