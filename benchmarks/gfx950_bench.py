@@ -5,7 +5,7 @@
            medians, and a two-sided significance test (Mann-Whitney, or a permutation test
            without scipy) per config.
   fit:     times `decode` at forced split counts over a (num_seqs, H, K, S) sweep and fits the
-           planner's latency model (jax_mla/_src/latency_fit.py) by least squares; writes the
+           planner's latency model (src/jax_mla/_src/latency_fit.py) by least squares; writes the
            per-arch JSON table (`--out`), loadable with latency_fit.load_table into
            planner.LATENCY_MODEL_COEFFS.
 

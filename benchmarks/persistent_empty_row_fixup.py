@@ -2,7 +2,7 @@
 the uint16 scatter (gfx950 default) against doing nothing, on a donated bf16 out [N, 128, 512]
 and f32 lse [N, 128]. Medians of interleaved rounds.
 
-  PYTHONPATH=. python benchmarks/persistent_empty_row_fixup.py [--rows 64 2048] [--empty 0.25]
+  PYTHONPATH=src python benchmarks/persistent_empty_row_fixup.py [--rows 64 2048] [--empty 0.25]
 """
 
 from __future__ import annotations

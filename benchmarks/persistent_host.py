@@ -1,7 +1,7 @@
 """Times the persistent path on the host backend: with and without the empty-row fix-up, and
 against the pure-JAX reference. Medians of interleaved rounds of jitted calls (after warm-up).
 
-  PYTHONPATH=.:tests python benchmarks/persistent_host.py [--rows 64] [--kv 1024] [--empty 0.25]
+  PYTHONPATH=src:tests python benchmarks/persistent_host.py [--rows 64] [--kv 1024] [--empty 0.25]
 """
 
 from __future__ import annotations

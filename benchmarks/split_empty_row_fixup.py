@@ -2,7 +2,7 @@
 
 (1) The fix-up alone on a donated bf16 [64, 128, 512] buffer: none / row scatter / select pass.
 (2) The whole host-backend decode (short rows, so the fix-up is visible) with each fix-up.
-Interleaved rounds; medians. Run: PYTHONPATH=.:tests python benchmarks/split_empty_row_fixup.py
+Interleaved rounds; medians. Run: PYTHONPATH=src:tests python benchmarks/split_empty_row_fixup.py
 """
 
 import time

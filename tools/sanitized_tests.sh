@@ -12,11 +12,14 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" -DJAX_MLA_SANITIZE=address,undefined >/dev/null
 cmake --build "$build" -j 2
 
-tree=$(mktemp -d)/src
-mkdir -p "$tree"
-cp -r jax_mla hsa tests "$tree"/
-rm -f "$tree"/jax_mla/_ext*.so
-cp "$build"/_ext*.so "$tree"/jax_mla/
+# The copy keeps the checkout's layout (src/jax_mla beside hsa/ and tests/), so the package
+# finds the manifest as it does in a checkout.
+tree=$(mktemp -d)/checkout
+mkdir -p "$tree/src"
+cp -r hsa tests pyproject.toml "$tree"/
+cp -r src/jax_mla "$tree"/src/
+rm -f "$tree"/src/jax_mla/_ext*.so
+cp "$build"/_ext*.so "$tree"/src/jax_mla/
 
 if [ $# -eq 0 ]; then
   set -- tests/test_split_host.py tests/test_persistent_host.py tests/test_errors.py \
@@ -33,7 +36,7 @@ export JAX_PLATFORMS=cpu
 # interceptor finds no real __cxa_throw and aborts on jaxlib's first C++ exception.
 preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 # The extension must be the sanitized one, or this stage proves nothing.
-LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$tree" "$py" -c '
+LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$tree/src" "$py" -c '
 import sys, jax_mla._src.ext as e
 m = e.extension()
 print("== sanitized extension:", m.__file__)
@@ -43,7 +46,7 @@ status=0
 LD_PRELOAD="$preload" \
   ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:log_path="$tree/asan" \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path="$tree/ubsan" \
-  PYTHONPATH="$tree" "$py" -m pytest -q -p no:cacheprovider "$@" || status=$?
+  PYTHONPATH="$tree/src" "$py" -m pytest -q -p no:cacheprovider "$@" || status=$?
 for report in "$tree"/asan.* "$tree"/ubsan.*; do
   [ -e "$report" ] || continue
   echo "== sanitizer report $report:"; cat "$report"; status=1

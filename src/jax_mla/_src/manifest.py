@@ -23,10 +23,10 @@ FAMILIES = ("split", "persistent")
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # Installed wheels carry the manifest inside the package (CMakeLists installs it to jax_mla/hsa);
-# a source checkout keeps it at <repo>/hsa, next to the package.
+# a source checkout keeps it at <repo>/hsa, the package being <repo>/src/jax_mla.
 MANIFEST_CANDIDATES = (
     _PACKAGE_DIR / "hsa" / "manifest.json",
-    _PACKAGE_DIR.parent / "hsa" / "manifest.json",
+    _PACKAGE_DIR.parent.parent / "hsa" / "manifest.json",
 )
 
 _TOP_LEVEL_FIELDS = frozenset({"schema", "kernels"})
