@@ -1,9 +1,9 @@
 """What ptxas says about the Mosaic decode kernel: registers, spills, and whether it serialized
 the wgmmas (C7512), per MosaicConfig variant.
 
-Usage (on the GPU machine): python benchmarks/mosaic_ptxas.py default s_exchange 216_160_128 ...
+Usage (on the GPU machine): python benchmarks/mosaic_ptxas.py default unpaired 216_160_128 ...
 A variant is a name below, warpgroup registers as R0_R1_R2 (MosaicConfig.direct_registers),
-or both as NAME_R0_R1_R2 (s_exchange_208_184_112).
+or both as NAME_R0_R1_R2 (unpaired_208_176_120).
 Each compiles and runs one 128-head decode in a subprocess with MOSAIC_GPU_DUMP_PTXAS=1 and
 prints ptxas's lines about registers, spills, stack and performance loss.
 
@@ -17,10 +17,7 @@ import re
 import subprocess
 import sys
 
-NAMED = {"default": {}, "unpaired": {"pair_row_blocks": False},
-         "s_exchange": {"consumers": "s_exchange", "pair_row_blocks": False},
-         "qk_ahead": {"consumers": "s_exchange_qk_ahead", "pair_row_blocks": False},
-         "p_exchange_qk_ahead": {"consumers": "p_exchange_qk_ahead"}}
+NAMED = {"default": {}, "unpaired": {"pair_row_blocks": False}}
 INTERESTING = re.compile(r"spill|serializ|Used \d+ registers|C75\d\d|stack frame", re.I)
 
 
@@ -40,7 +37,7 @@ def compile_one(name):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  sys.path[:0] = [root, os.path.join(root, "tests")]
+  sys.path[:0] = [os.path.join(root, "src"), os.path.join(root, "tests")]
   from rows import make_batch  # pylint: disable=import-outside-toplevel
   from jax_mla._src import mosaic_decode as md  # pylint: disable=import-outside-toplevel
   batch = make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2], sink=0.3)

@@ -7,8 +7,6 @@ shape family the tests use.
 """
 
 import functools
-import importlib.util
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 from compare import assert_bf16_decode_close
+from gpu_export import export_for
 from jax_mla._src import mosaic_decode as md
 from oracle import oracle_decode
 from rows import POISON_PATTERNS, make_batch, poison_padding
@@ -36,31 +35,20 @@ SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_i
 
 # The kernel's variants (see MosaicConfig). The first is the default.
 UNPAIRED = dict(pair_row_blocks=False)
-S_EXCHANGE = dict(consumers="s_exchange", **UNPAIRED)
 CONFIGS = {
-    # the direct design, "p_exchange" consumers, paired CTAs, inputs read in the kernel
+    # paired CTAs, inputs read in the kernel
     "default": md.MosaicConfig(),
     "unpaired": md.MosaicConfig(**UNPAIRED),
-    "s_exchange": md.MosaicConfig(**S_EXCHANGE),
-    "s_exchange_unpadded_s": md.MosaicConfig(s_padding=0, **S_EXCHANGE),
     "fill_split_rule": md.MosaicConfig(split_rule="fill"),
     "exact_math": md.MosaicConfig(approx_math=False),
-    "qk_ahead": md.MosaicConfig(consumers="s_exchange_qk_ahead", **UNPAIRED),
-    "p_exchange_qk_ahead": md.MosaicConfig(consumers="p_exchange_qk_ahead"),
-    "s_exchange_xla_inputs": md.MosaicConfig(inputs_in_kernel=False, **S_EXCHANGE),
     "xla_inputs": md.MosaicConfig(inputs_in_kernel=False),
-    "register_store": md.MosaicConfig(stage_output=False),
     "merge_kernel": md.MosaicConfig(merge="kernel"),
     "merge_xla": md.MosaicConfig(merge="xla"),
-    "s_exchange_paired": md.MosaicConfig(consumers="s_exchange"),
-    "qk_ahead_paired": md.MosaicConfig(consumers="s_exchange_qk_ahead"),
 }
-# Each consumer split and path of the kernel runs the contract tests below (sinks, indices,
-# poison, NaN, empty rows): at 128 heads where its CTAs are paired (two row blocks), else at 64.
-DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_s_exchange": "s_exchange",
-           "direct_s_exchange_paired": "s_exchange_paired", "direct_qk_ahead": "qk_ahead",
-           "direct_p_exchange_qk_ahead": "p_exchange_qk_ahead",
-           "direct_xla_inputs": "s_exchange_xla_inputs", "direct_merge_kernel": "merge_kernel"}
+# Each path of the kernel runs the contract tests below (sinks, indices, poison, NaN, empty
+# rows): at 128 heads where its CTAs are paired (two row blocks), else at 64.
+DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_xla_inputs": "xla_inputs",
+           "direct_merge_kernel": "merge_kernel"}
 
 
 def heads(design):
@@ -96,11 +84,10 @@ def check_against_oracle(batch, out, lse):
 def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits, config):
   args = abstract_args(make_batch(np.random.default_rng(1), num_heads=num_heads,
                                   tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3))
-  fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                                 num_kv_splits_=splits, config=CONFIGS[config]))
-  exported = jax.export.export(fn, platforms=["cuda"], disabled_checks=[
-      jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2"),
-      jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*args)
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
+                         num_kv_splits_=splits, config=CONFIGS[config])
+  exported = export_for(fn, "cuda", *args,
+                        custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"])
   assert "mosaic_gpu" in exported.mlir_module()
   if splits is not None:  # (the planner makes one split for the 128-head batch here)
     merged_by_kernel = splits > 1 and CONFIGS[config].merge == "kernel"  # (auto: xla here)
@@ -109,11 +96,8 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
 
 @pytest.mark.parametrize("bad,match", [
     (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
-    (dict(s_padding=-1), r"s_padding must be in 0..32, got -1"),
     (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
     (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
-    (dict(consumers="seesaw"), r"consumers must be one of \('p_exchange', "),
-    (dict(consumers="s_exchange", stage_output=True), "stage_output needs the \"p_exchange\""),
     (dict(merge="triton"), r"merge must be one of \('auto', 'xla', 'kernel'\), got 'triton'")])
 def test_bad_config_values_raise(bad, match):
   batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
@@ -215,30 +199,11 @@ def test_empty_rows_and_per_head_sinks(design):
   check_against_oracle(batch, out, lse)
 
 
-def _probe_tool():
-  path = Path(__file__).resolve().parents[1] / "tools" / "mosaic_probe.py"
-  spec = importlib.util.spec_from_file_location("mosaic_probe", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-PROBES = _probe_tool()
-
-
-@pytest.mark.parametrize("name", list(PROBES.cases()))
-def test_probe_tool_lowers_for_cuda(name, capsys):
-  """tools/mosaic_probe.py runs its probes on a GPU; here each one is lowered, so the tool
-  keeps working between device runs."""
-  PROBES.probe(name, lower_only=True)
-  assert capsys.readouterr().out.strip() == f"{name} lowers"
-
-
-def test_direct_register_splits_fit_the_launch():
+def test_direct_register_split_fits_the_launch():
   """An increase past what the other warpgroups released waits forever (it hung on the H200
-  with 200 + 160 + 152): every split sums to no more than the launch's registers."""
+  with 200 + 160 + 152): the split sums to no more than the launch's registers."""
   from jax_mla._src import mosaic_consumer, mosaic_direct  # pylint: disable=import-outside-toplevel
-  assert set(mosaic_direct.REGISTERS) == set(mosaic_direct.CONSUMERS)
-  for split in mosaic_direct.REGISTERS.values():
-    assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
-    assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())
+  split = mosaic_direct.REGISTERS
+  assert sorted(split) == [0, 1, 2]
+  assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
+  assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax import export
 
+from gpu_export import export_for
 from jax_mla._src import layout
 from jax_mla._src import mosaic_gather as mg
 from test_mosaic import GPU
@@ -130,9 +130,8 @@ def test_lowers_for_cuda_on_any_machine(math):
   args = (jax.ShapeDtypeStruct((POOL, layout.ROW_BYTES), jnp.uint8),
           jax.ShapeDtypeStruct((POOL, layout.ROPE_DIM), jnp.bfloat16),
           jax.ShapeDtypeStruct((64,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
-  exported = export.export(
-      jax.jit(functools.partial(gather_tile, math=math)), platforms=["cuda"],
-      disabled_checks=[export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*args)
+  exported = export_for(functools.partial(gather_tile, math=math), "cuda", *args,
+                        custom_calls=["mosaic_gpu_v2"])
   assert "mosaic_gpu" in exported.mlir_module()
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from compare import assert_bf16_decode_close, assert_close
+from gpu_export import export_for
 from jax_mla._src import pallas_decode as pd
 from oracle import oracle_decode
 from rows import POISON_PATTERNS, make_batch, poison_padding
@@ -202,13 +203,10 @@ def test_triton_lowering_exports_from_the_cpu(platform):
   Triton custom call with the planned grid. The Triton IR inside is compiled only on a device, so
   this checks the Pallas -> Triton lowering, not the Triton -> AMDGPU compilation. The target has
   no export compatibility guarantee, hence the disabled check."""
-  from jax import export  # pylint: disable=import-outside-toplevel
   batch = make_batch(np.random.default_rng(13), num_heads=128, lengths=[5, 7, 0], sink=0.1)
   shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in batch.args()]
-  f = jax.jit(functools.partial(pd.pallas_decode, tokens_per_seq=1, num_kv_splits=2))
-  exported = export.export(
-      f, platforms=[platform],
-      disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*shapes)
+  f = functools.partial(pd.pallas_decode, tokens_per_seq=1, num_kv_splits=2)
+  exported = export_for(f, platform, *shapes, custom_calls=["__gpu$xla.gpu.triton"])
   text = exported.mlir_module()
   calls = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
   assert len(calls) == 1, calls

@@ -14,6 +14,7 @@ import pytest
 
 import jax_mla
 from compare import assert_bf16_decode_close
+from gpu_export import export_for
 from jax_mla._src import pallas_backend
 from oracle import oracle_decode
 from rows import make_batch
@@ -136,9 +137,8 @@ def test_the_mosaic_route_lowers_for_cuda_from_the_cpu(monkeypatch):
   monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "mosaic")
   batch = make_batch(np.random.default_rng(5), num_heads=128, lengths=[5, 0, 150], sink=0.3)
   shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
-  exported = jax.export.export(
-      jax.jit(lambda *a: jax_mla.decode(*a, backend="pallas")), platforms=["cuda"],
-      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")])(*shapes)
+  exported = export_for(lambda *a: jax_mla.decode(*a, backend="pallas"), "cuda", *shapes,
+                        custom_calls=["mosaic_gpu_v2"])
   assert "mosaic_gpu" in exported.mlir_module()
 
 
@@ -146,10 +146,8 @@ def test_the_triton_route_lowers_for_rocm_from_the_cpu(monkeypatch):
   monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
   batch = make_batch(np.random.default_rng(6), num_heads=64, lengths=[5, 9], sink=0.3)
   shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
-  exported = jax.export.export(
-      jax.jit(lambda *a: jax_mla.decode(*a, backend="pallas")), platforms=["rocm"],
-      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-          *shapes)
+  exported = export_for(lambda *a: jax_mla.decode(*a, backend="pallas"), "rocm", *shapes,
+                        custom_calls=["__gpu$xla.gpu.triton"])
   assert "__gpu$xla.gpu.triton" in exported.mlir_module()
 
 

@@ -9,6 +9,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
+from jax_mla._src.jax_compat import mgpu_load
 from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
 
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
@@ -86,7 +87,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   cols = pl.ds(half * HALF, HALF)
   rows = pl.ds(row0, BLOCK_ROWS)
   if num_splits == 1:
-    sink2 = plgpu.load(sink_ref.at[rows], (), layout=row_layout, optimized=False) * LOG2E
+    sink2 = mgpu_load(sink_ref.at[rows], layout=row_layout, optimized=False) * LOG2E
     total2 = logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)

@@ -36,19 +36,6 @@ class MosaicConfig:
   """The kernel's choices (mosaic_direct's design). The defaults are the fastest measured;
   the other values are kept to measure against
   (benchmarks/gpu_decode.py's MOSAIC_IMPLS)."""
-  # The direct design's S exchange (the "s_exchange" consumers): f32 columns of padding after
-  # each of S's 64 in shared memory. Unpadded, the eight rows a wgmma-layout store or load
-  # touches at once all start on the same bank (8-way conflicts); 8 columns put four rows on
-  # distinct banks per half-warp of 8-byte accesses: 325.5 us against 338.4 at 128 heads,
-  # B 128, K 2048.
-  s_padding: int = 8
-  # The direct design's division of each block's work between its two consumer warpgroups
-  # (mosaic_direct.CONSUMERS); None: "p_exchange". On the H200 (2026-12-03, 128 heads, K
-  # 2048, B 128; each pair of numbers from one run): "p_exchange" 277.0 against 296.9 us for
-  # "s_exchange"; "s_exchange_qk_ahead" 443.8 against 330.1 for "s_exchange" (an earlier
-  # register split; ptxas serialized its wgmmas, C7512 and C7519); "p_exchange_qk_ahead"
-  # 381.2 against 249.5 for "p_exchange" (ptxas spilled 68 bytes).
-  consumers: str | None = None
   # The direct design reads the packed fp8 Q and the raw index list itself: no XLA passes
   # before the kernel (Q's dequantization and padding, the indices' padding and clamping).
   # Measured as GPU busy time per call (gpu_decode.py --timing profiler; H200, 2026-12-03,
@@ -64,17 +51,9 @@ class MosaicConfig:
   # against 277.0 us at B 128, 136.4 against 150.3 at B 64; with "s_exchange" and an earlier
   # register split it was slower (352.6 against 330.1 at B 128).
   pair_row_blocks: bool | None = None
-  # The direct design with the "p_exchange" consumers: with one split, each consumer writes
-  # its half of the bf16 output through shared memory and one TMA copy, instead of storing
-  # its register fragments straight to global memory. None: on with "p_exchange" consumers
-  # (True with others raises). GPU busy time per call on the H200 (2026-12-03, 128 heads,
-  # gpu_decode.py --timing profiler, side by side): 33.8 against 39.2 us at B 64, K 512; 66.2
-  # against 76.4 at B 128, K 512; 209.0 against 218.3 at B 128, K 2048; at batch 1 (several
-  # splits: f32 partials, stored as before) within 0.2 us.
-  stage_output: bool | None = None
   # The direct design's registers per thread of warpgroups 0, 1 and 2 after `setmaxnreg`
   # (multiples of 8 in 24..256, summing to at most LAUNCH_REGISTERS); None: mosaic_direct's
-  # REGISTERS for the consumers.
+  # REGISTERS.
   direct_registers: tuple[int, int, int] | None = None
   # The shortest split the planner makes to fill the GPU when there are few (sequence, row
   # block) programs. 64 against 256 on the H200 (2026-12-02, 128 heads, B 1): 34.6 against
@@ -118,20 +97,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if config.merge not in pallas_merge.MERGES:
     raise ValueError(f"MosaicConfig.merge must be one of {pallas_merge.MERGES}, "
                      f"got {config.merge!r}")
-  consumers = config.consumers or "p_exchange"
-  if consumers not in mosaic_direct.CONSUMERS:
-    raise ValueError(f"MosaicConfig.consumers must be one of {mosaic_direct.CONSUMERS}, "
-                     f"got {config.consumers!r}")
-  if config.stage_output and not consumers.startswith("p_exchange"):
-    raise ValueError("MosaicConfig.stage_output needs the \"p_exchange\" consumers "
-                     f"(or \"p_exchange_qk_ahead\"), got {consumers!r}")
   if config.direct_registers is not None and (
       len(config.direct_registers) != 3 or sum(config.direct_registers) > LAUNCH_REGISTERS
       or any(r % 8 or not 24 <= r <= 256 for r in config.direct_registers)):
     raise ValueError("MosaicConfig.direct_registers must be three multiples of 8 in 24..256 "
                      f"summing to at most {LAUNCH_REGISTERS}, got {config.direct_registers!r}")
-  if not 0 <= config.s_padding <= 32:
-    raise ValueError(f"MosaicConfig.s_padding must be in 0..32, got {config.s_padding}")
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
@@ -168,12 +138,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
-  scratch = mosaic_direct.scratch_types(consumers, config.s_padding, pair=pair)
+  scratch = mosaic_direct.scratch_types(pair=pair)
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
-                             consumers=consumers, inputs_in_kernel=in_kernel, pair=pair,
-                             registers=config.direct_registers,
-                             stage_output=config.stage_output is not False
-                             and consumers.startswith("p_exchange"))
+                             inputs_in_kernel=in_kernel, pair=pair,
+                             registers=config.direct_registers)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
