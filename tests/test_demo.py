@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +25,32 @@ def test_cli_usage():
   result = subprocess.run([sys.executable, "-m", "jax_mla"], capture_output=True, text=True,
                           check=False)
   assert result.returncode == 2 and "demo" in result.stdout and "info" in result.stdout
+
+
+def test_a_package_without_its_extension_says_so_loudly(tmp_path):
+  """A copy of the package without the compiled extension (a source tree on sys.path by
+  accident) still runs the demo, on the reference, and says on stderr why it is not the host
+  backend; decode itself warns."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  package = Path(jax_mla.__file__).parent
+  shutil.copytree(package, tmp_path / "jax_mla",
+                  ignore=shutil.ignore_patterns("_ext*", "__pycache__"))
+  env = dict(child_env(), PYTHONPATH=str(tmp_path))
+  result = subprocess.run(
+      [sys.executable, "-m", "jax_mla", "demo", "--batch", "2",
+       "--heads", "16", "--max-len", "8", "--pool-rows", "16", "--repeats", "1"],
+      capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, env=env)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "backend: auto -> reference" in result.stdout, result.stdout
+  assert "non-finite values 0" in result.stdout, result.stdout
+  assert "WARNING: the C++ extension is missing" in result.stderr, result.stderr
+  assert "MissingExtensionWarning: jax_mla: backend='auto' runs the slower pure-JAX reference" \
+      in result.stderr, result.stderr
+
+
+def test_auto_on_a_cpu_without_the_extension_warns(monkeypatch):
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(backends, "host_available", lambda: (False, "not built"))
+  with pytest.warns(backends.MissingExtensionWarning, match="reference: .*not built"):
+    assert backends.resolve("auto") == "reference"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 
 from jax_mla._src import platform
@@ -59,10 +61,20 @@ def explain_auto() -> tuple[str, str]:
   return "reference", f"default platform {default!r}: {why}"
 
 
+class MissingExtensionWarning(RuntimeWarning):
+  """backend="auto" fell back to the reference on a CPU because the C++ extension is missing."""
+
+
 def resolve(backend: str) -> str:
   check_backend_name(backend)
   if backend == "auto":
-    return explain_auto()[0]
+    chosen, why = explain_auto()
+    if chosen == "reference" and jax.default_backend() == "cpu":
+      # Loud: a source tree put on sys.path by accident has no extension, and the reference
+      # is several times slower than the host backend.
+      warnings.warn(f"jax_mla: backend='auto' runs the slower pure-JAX reference: {why}",
+                    MissingExtensionWarning, stacklevel=3)
+    return chosen
   if backend == "host":
     ok, why = host_available()
     if not ok:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import jax
@@ -66,6 +67,10 @@ def run(argv=None) -> int:
 
   print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0]})")
   print(f"backend: {args.backend} -> {chosen} ({why})")
+  if args.backend == "auto" and chosen == "reference" and jax.default_backend() == "cpu":
+    print("WARNING: the C++ extension is missing, so this is not the host backend a CPU "
+          "install runs; install with `pip install .` (or `tools/dev_build.sh` for a checkout)",
+          file=sys.stderr)
   print(f"batch: {args.batch} sequences x {args.tokens_per_seq} token(s), {args.heads} heads, "
         f"KV lengths {lengths.tolist()}, pool of {args.pool_rows} rows, sink on")
   seconds = _median_seconds(run_decode, inputs, args.repeats)
