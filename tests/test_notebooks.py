@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from child_process import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 TIMEOUT_S = 300  # per notebook; together they take well under a minute on one core
@@ -47,8 +49,9 @@ def run_notebook(path: Path, figures: Path, timeout: float = TIMEOUT_S):
   figures.mkdir(parents=True, exist_ok=True)
   script = Path(tempfile.mkdtemp(prefix="notebook_")) / f"{path.stem}.py"
   script.write_text(notebook_script(path))
-  env = dict(os.environ, MPLBACKEND="Agg", JAX_MLA_FIGURES=str(figures),
-             JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+  # The child imports the same jax_mla as this process (child_process), whatever its cwd.
+  env = child_env(MPLBACKEND="Agg", JAX_MLA_FIGURES=str(figures),
+                  JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
   return subprocess.run([sys.executable, str(script)], cwd=path.parent, env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
 
