@@ -55,7 +55,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import jax_mla  # noqa: E402  pylint: disable=wrong-import-position
 from jax_mla._src import layout  # noqa: E402  pylint: disable=wrong-import-position
-from jax_mla._src import pallas_decode as pd  # noqa: E402  pylint: disable=wrong-import-position
+from jax_mla._src.pallas import triton as pd  # noqa: E402  pylint: disable=wrong-import-position
 import device_time  # noqa: E402  pylint: disable=wrong-import-position  (beside this script)
 
 POOL = 65536
@@ -138,7 +138,7 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
                                            tokens_per_seq=tokens_per_seq, config=config,
                                            interpret=INTERPRET)[0]
   if impl in MOSAIC_IMPLS:
-    from jax_mla._src import mosaic_decode as md  # pylint: disable=import-outside-toplevel
+    from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
     cfg = md.MosaicConfig(**MOSAIC_IMPLS[impl])
     return lambda p, idx: md.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
                                            p["indptr"], idx.reshape(-1), p["sink"],

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import device_time
-from jax_mla._src import pallas_merge
+from jax_mla._src.pallas import merge as pallas_merge
 
 # (sequences, splits, rows): 128 heads at B 1 (K 512 / 1024 / 2048), B 8, B 32; 16 x 4 at B 1
 SHAPES = [(1, 8, 128), (1, 16, 128), (1, 32, 128), (8, 8, 128), (32, 2, 128), (1, 32, 64),

@@ -38,8 +38,8 @@ def compile_one(name):
   import numpy as np  # pylint: disable=import-outside-toplevel
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sys.path[:0] = [os.path.join(root, "src"), os.path.join(root, "tests")]
-  from rows import make_batch  # pylint: disable=import-outside-toplevel
-  from jax_mla._src import mosaic_decode as md  # pylint: disable=import-outside-toplevel
+  from support.rows import make_batch  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
   batch = make_batch(np.random.default_rng(1), num_heads=128, lengths=[300, 2], sink=0.3)
   fn = jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=1,
                                  config=md.MosaicConfig(**config_fields(name))))

@@ -13,9 +13,9 @@ import jax
 import numpy as np
 
 import jax_mla
-from jax_mla._src.persistent_kernel import decode_persistent_raw
+from jax_mla._src.aiter.persistent import decode_persistent_raw
 from jax_mla._src.workspace import make_workspace
-from rows import make_batch
+from support.rows import make_batch
 
 
 def main():

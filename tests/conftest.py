@@ -1,10 +1,6 @@
-import os
-import sys
-
-# Test helpers (oracle, rows, compare) are plain modules beside the tests.
-sys.path.insert(0, os.path.dirname(__file__))
-
-import pytest  # noqa: E402
+# Test helpers are the package tests/support; pytest puts tests/ and benchmarks/ (the timing
+# library the benchmark tests use) on sys.path (pyproject.toml, [tool.pytest.ini_options]).
+import pytest
 
 
 def pytest_collection_modifyitems(config, items):

@@ -22,10 +22,10 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-import amdgpu_asm
-from jax_mla._src import amdgpu_elf
-from jax_mla._src import code_objects
-from jax_mla._src import manifest as manifest_lib
+from support import amdgpu_asm
+from jax_mla._src.aiter.code_objects import elf as amdgpu_elf
+from jax_mla._src.aiter.code_objects import find as code_objects
+from jax_mla._src.aiter.code_objects import manifest as manifest_lib
 
 NM_ID = "mla_v4_nm"
 PS_ID = "mla_v4_nm_ps"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from child_process import child_env
+from support.child_process import child_env
 
 
 @pytest.mark.parametrize("backend", ["reference", "auto"])
@@ -53,4 +53,4 @@ def test_auto_on_a_cpu_without_the_extension_warns(monkeypatch):
   from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(backends, "host_available", lambda: (False, "not built"))
   with pytest.warns(backends.MissingExtensionWarning, match="reference: .*not built"):
-    assert backends.resolve("auto") == "reference"
+    assert backends.resolve("auto").name == "reference"

@@ -4,12 +4,10 @@ stream lines' intervals, derived lines ignored), and the error where a trace has
 import gzip
 import json
 import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import device_time  # noqa: E402  pylint: disable=wrong-import-position
+import device_time
 
 
 def meta(pid, tid, process, thread):

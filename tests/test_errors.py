@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_mla
-from rows import make_batch
+from support.rows import make_batch
 
 
 @pytest.fixture
@@ -32,8 +32,10 @@ CASES = [
      r"kv_rope must have shape \(512, 64\)"),
     ("kv_indptr_dtype", dict(kv_indptr=np.array([0, 3, 7], np.int64)), {}, TypeError,
      r"kv_indptr must have dtype int32; got int64"),
+    ("kv_indptr_empty", dict(kv_indptr=np.zeros((0,), np.int32)), {}, ValueError,
+     r"kv_indptr must have num_seqs \+ 1 >= 1 entries"),
     ("kv_indptr_short", dict(kv_indptr=np.array([0], np.int32)), {}, ValueError,
-     r"kv_indptr must have num_seqs \+ 1 >= 2 entries"),
+     r"q must have num_seqs \* tokens_per_seq = 0 \* 1 = 0 rows"),
     ("kv_indices_rank", dict(kv_indices=np.zeros((7, 1), np.int32)), {}, ValueError,
      r"kv_indices must have rank 1"),
     ("token_count", dict(kv_indptr=np.array([0, 3, 5, 7], np.int32)), {}, ValueError,

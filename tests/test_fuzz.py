@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import jax_mla
 from jax_mla._src import backends
-from compare import assert_close
-from oracle import oracle_decode
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.compare import assert_close
+from support.oracle import oracle_decode
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 KERNEL_SHAPES = [(16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1), (8, 1)]
 INDEX_PATTERNS = ["random", "unique", "reversed", "same", "last"]

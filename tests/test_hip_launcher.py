@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from child_process import child_env, neutral_cwd
+from support.child_process import child_env, neutral_cwd
 from jax_mla._src import ext
 from test_split_kernargs import ADDRESSES
 

@@ -7,7 +7,7 @@ import pytest
 from jax.experimental import checkify
 
 import jax_mla
-from rows import make_batch
+from support.rows import make_batch
 
 POOL = 32
 

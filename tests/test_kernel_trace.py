@@ -1,12 +1,9 @@
 """kernel_trace.summarize on synthetic Mosaic GPU profiler traces with known region times."""
 
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import kernel_trace  # noqa: E402  pylint: disable=wrong-import-position
+import kernel_trace
 
 ROLES = {0: "consumer", 1: "consumer", 2: "producer"}
 

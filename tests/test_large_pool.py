@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import jax_mla
-from compare import assert_close
-from oracle import oracle_decode
-from rows import make_batch
+from support.compare import assert_close
+from support.oracle import oracle_decode
+from support.rows import make_batch
 
 NUM_ROWS = 2**23 + 5
 # Where the small test pool's rows live in the big one: the last rows, both sides of 2^23, row 0.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jax_mla
-from oracle import dequantize_rows
+from support.oracle import dequantize_rows
 
 
 def _hand_row():

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_bf16_decode_close
-from gpu_export import export_for
-from jax_mla._src import mosaic_decode as md
-from oracle import oracle_decode
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.compare import assert_bf16_decode_close
+from support.gpu_export import export_for
+from jax_mla._src.pallas.mosaic import decode as md
+from support.oracle import oracle_decode
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 
 def _hopper():
@@ -202,7 +202,8 @@ def test_empty_rows_and_per_head_sinks(design):
 def test_direct_register_split_fits_the_launch():
   """An increase past what the other warpgroups released waits forever (it hung on the H200
   with 200 + 160 + 152): the split sums to no more than the launch's registers."""
-  from jax_mla._src import mosaic_consumer, mosaic_direct  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas.mosaic import kernel as mosaic_direct  # pylint: disable=import-outside-toplevel
   split = mosaic_direct.REGISTERS
   assert sorted(split) == [0, 1, 2]
   assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS

@@ -10,9 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gpu_export import export_for
+from support.gpu_export import export_for
 from jax_mla._src import layout
-from jax_mla._src import mosaic_gather as mg
+from jax_mla._src.pallas.mosaic import gather as mg
 from test_mosaic import GPU
 
 POOL = 4096

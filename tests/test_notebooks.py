@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from child_process import child_env
+from support.child_process import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_bf16_decode_close, assert_close
-from gpu_export import export_for
-from jax_mla._src import pallas_decode as pd
-from oracle import oracle_decode
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.compare import assert_bf16_decode_close, assert_close
+from support.gpu_export import export_for
+from jax_mla._src.pallas import triton as pd
+from support.oracle import oracle_decode
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
 ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
@@ -173,7 +173,7 @@ def test_return_lse_false(mode):
 
 
 def test_split_plan_is_static_and_bounded():
-  from jax_mla._src import pallas_plan  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas import plan as pallas_plan  # pylint: disable=import-outside-toplevel
   assert pallas_plan.num_kv_splits(1, 2, 2048, 64) > 1  # few programs: split the KV
   assert pallas_plan.num_kv_splits(128, 2, 128 * 2048, 64) == 1  # the grid is full already
   assert pallas_plan.num_kv_splits(4, 1, 4 * 100, 64) == 1  # rows too short to be worth it
@@ -181,7 +181,7 @@ def test_split_plan_is_static_and_bounded():
 
 
 def test_waves_split_rule_avoids_a_part_empty_second_wave(monkeypatch):
-  from jax_mla._src import pallas_plan  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas import plan as pallas_plan  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(pallas_plan, "num_sms", lambda: 132)
   plan = lambda seqs, blocks, length, rule: pallas_plan.num_kv_splits(
       seqs, blocks, seqs * length, 64, min_entries=64, rule=rule)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import jax_mla
-from compare import assert_bf16_decode_close
-from gpu_export import export_for
-from jax_mla._src import pallas_backend
-from oracle import oracle_decode
-from rows import make_batch
+from support.compare import assert_bf16_decode_close
+from support.gpu_export import export_for
+from jax_mla._src.pallas import backend as pallas_backend
+from support.oracle import oracle_decode
+from support.rows import make_batch
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 GPU = [pytest.mark.gpu, pytest.mark.skipif(
@@ -79,7 +79,7 @@ def test_auto_prefers_the_gfx950_kernels(monkeypatch):
 def mode(request, monkeypatch):
   """interpret: the Triton kernel in Pallas interpret mode stands in for the device's kernel."""
   if request.param == "interpret":
-    monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+    monkeypatch.setattr(pallas_backend, "device_kernel", lambda: ("triton", "interpret mode"))
     monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
   return request.param
 
@@ -134,7 +134,7 @@ def test_persistent_api_with_no_rows_gives_empty_results(mode):
 
 
 def test_the_mosaic_route_lowers_for_cuda_from_the_cpu(monkeypatch):
-  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "mosaic")
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: ("mosaic", "lowering only"))
   batch = make_batch(np.random.default_rng(5), num_heads=128, lengths=[5, 0, 150], sink=0.3)
   shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
   exported = export_for(lambda *a: jax_mla.decode(*a, backend="pallas"), "cuda", *shapes,
@@ -143,7 +143,7 @@ def test_the_mosaic_route_lowers_for_cuda_from_the_cpu(monkeypatch):
 
 
 def test_the_triton_route_lowers_for_rocm_from_the_cpu(monkeypatch):
-  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: ("triton", "interpret mode"))
   batch = make_batch(np.random.default_rng(6), num_heads=64, lengths=[5, 9], sink=0.3)
   shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()]
   exported = export_for(lambda *a: jax_mla.decode(*a, backend="pallas"), "rocm", *shapes,
@@ -180,7 +180,7 @@ def test_check_indices_names_the_bad_entry_before_the_kernel_runs(mode):
 def test_vmap_equals_the_unbatched_calls(mode):
   """jax.vmap over whole decode problems (Pallas's batching rule adds a grid axis)."""
   del mode
-  from rows import equal_width_batches  # pylint: disable=import-outside-toplevel
+  from support.rows import equal_width_batches  # pylint: disable=import-outside-toplevel
   batches = equal_width_batches(np.random.default_rng(0), 2, num_heads=64,
                                 lengths=([3, 0, 40], [70, 1, 0]), pool_rows=48, sink=0.5,
                                 extra=3)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_bf16_decode_close
-from jax_mla._src import pallas_merge
+from support.compare import assert_bf16_decode_close
+from jax_mla._src.pallas import merge as pallas_merge
 
 
 def oracle_merge(parts, part_lse, sink_rows):

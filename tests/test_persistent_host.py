@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import jax_mla
-from compare import assert_close
-from jax_mla._src.persistent_kernel import (_WORKSPACE_FIELDS, decode_persistent,
+from support.compare import assert_close
+from jax_mla._src.aiter.persistent import (_WORKSPACE_FIELDS, decode_persistent,
                                             persistent_decode_p)
 from jax_mla._src.workspace import make_workspace
-from persistent_cases import check_against_oracle, empty_rows, inputs, run
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.persistent_cases import check_against_oracle, empty_rows, inputs, run
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 LENGTHS = {
     "ragged": [5, 0, 300, 1, 64, 0, 33, 97],

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from persistent_cases import check_against_oracle
-from jax_mla._src.persistent_kernel import decode_persistent
+from support.persistent_cases import check_against_oracle
+from jax_mla._src.aiter.persistent import decode_persistent
 from jax_mla._src.workspace import make_workspace
-from rows import make_batch
+from support.rows import make_batch
 
 N = 32768
 

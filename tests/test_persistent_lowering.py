@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mla._src.persistent_kernel import TARGET, decode_persistent
+from jax_mla._src.aiter.persistent import TARGET, decode_persistent
 from jax_mla._src.workspace import make_workspace
 
 N, P, ROWS, L = 3, 8, 20, 8

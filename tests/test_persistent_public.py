@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import jax_mla
-from compare import assert_close
-from oracle import oracle_decode
-from rows import make_batch
+from support.compare import assert_close
+from support.oracle import oracle_decode
+from support.rows import make_batch
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from jax_mla import plan
-from jax_mla._src import planner
+from jax_mla._src.aiter import planner
 
 
 def occupancy_oracle(num_seqs, num_heads, cu=256):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import jax_mla
-from compare import assert_bf16_decode_close
-from oracle import oracle_decode
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.compare import assert_bf16_decode_close
+from support.oracle import oracle_decode
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
 

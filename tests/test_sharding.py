@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from child_process import child_env, neutral_cwd
-from compare import assert_bit_identical
-from rows import equal_width_batches, make_batch
+from support.child_process import child_env, neutral_cwd
+from support.compare import assert_bit_identical
+from support.rows import equal_width_batches, make_batch
 import jax_mla
 from jax_mla import sharding as jms
 
@@ -122,8 +122,8 @@ def test_rows_across_gpus_equal_single_device(backend):
 def test_rows_pallas_backend_equals_single_device(monkeypatch):
   """backend="pallas" per device (the Triton kernel in Pallas interpret mode stands in for the
   GPU's kernel here), the rows across 8 devices."""
-  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(pallas_backend, "default_kernel", lambda: "triton")
+  from jax_mla._src.pallas import backend as pallas_backend  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: ("triton", "interpret mode"))
   monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
   assert_rows_match_single_device(device_batches(16, NUM_DEVICES), mesh_of(NUM_DEVICES),
                                   backend="pallas", num_kv_splits=2)

@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_close
-from oracle import oracle_decode
-from rows import POISON_PATTERNS, make_batch, poison_padding
-from jax_mla._src import split_kernel
-from jax_mla._src.split_kernel import split_decode
+from support.compare import assert_close
+from support.oracle import oracle_decode
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
+from jax_mla._src.aiter import empty_rows
+from jax_mla._src.aiter import split as split_kernel
+from jax_mla._src.aiter.split import split_decode
 
 SUPPORTED = [(16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1)]
 # Ragged: an empty sequence, rows shorter than S * 32, one with 5 tiles (S=4 leaves 3 valid).
@@ -227,8 +228,10 @@ def test_both_empty_row_fixups_agree():
   batch = make_batch(rng, num_heads=16, lengths=[0, 12, 0, 3], tokens_per_seq=4, pool_rows=32)
   (raw,) = kernel_results(batch, 1)  # NaN in the unwritten rows
   kv_indptr = jnp.asarray(batch.kv_indptr)
-  scatter = jax.jit(split_kernel.zero_empty_rows_scatter, static_argnums=2)(raw, kv_indptr, 4)
-  select = jax.jit(split_kernel.zero_empty_rows_select, static_argnums=2)(raw, kv_indptr, 4)
+  def fixed(method):
+    return jax.jit(lambda out, indptr: empty_rows.zero_rows(
+        out, empty_rows.empty_tokens(indptr, 4, out.shape[0]), method))(raw, kv_indptr)
+  scatter, select = fixed("scatter"), fixed("select")
   scatter = np.asarray(scatter.astype(jnp.float32))
   np.testing.assert_array_equal(scatter, np.asarray(select.astype(jnp.float32)))
   assert np.isfinite(scatter).all() and np.all(scatter[0:4] == 0) and np.all(scatter[8:12] == 0)

@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rows import make_batch
-from jax_mla._src import split_kernel
-from jax_mla._src.split_kernel import split_decode
+import jax_mla
+
+from support.rows import make_batch
+from jax_mla._src.aiter import split as split_kernel
+from jax_mla._src.aiter.split import split_decode
 
 TARGET = "jax_mla_split_decode_v1"
 
@@ -138,10 +140,19 @@ def test_one_executable_serves_every_kv_length():
 @pytest.mark.parametrize("heads,msq", [(32, 2), (24, 1), (256, 1), (8, 8)])
 def test_unsupported_shapes_raise_before_lowering(heads, msq):
   args = [np.zeros(s.shape, s.dtype) for s in specs(2, heads, msq)]
-  kernel_heads = 16 if heads == 8 else heads
-  with pytest.raises(ValueError, match=rf"\(num_heads, tokens_per_seq\) = \({kernel_heads}, {msq}\)"
-                                       r".*supported.*\(16,1\) \(16,2\) \(16,4\)"):
-    split_decode(*args, tokens_per_seq=msq, num_kv_splits=2, backend="host")
+  with pytest.raises(ValueError, match=rf"backend='host' serves \(num_heads, tokens_per_seq\) in "
+                                       rf"\{{.*\(16, 4\).*\}}; got \({heads}, {msq}\)"):
+    jax_mla.decode(*args, tokens_per_seq=msq, num_kv_splits=2, backend="host")
+
+
+def test_the_cpp_plan_serves_the_manifests_layouts():
+  """The served (heads, tokens) pairs have one home, the manifest's `serves`; the C++ plan's list
+  is held to it."""
+  from jax_mla._src import ext  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.aiter.code_objects import manifest  # pylint: disable=import-outside-toplevel
+  text = ext.extension().split_supported_shapes()
+  pairs = tuple(tuple(int(v) for v in p.split(",")) for p in re.findall(r"\((\d+,\d+)\)", text))
+  assert pairs == manifest.kernel("mla_v4_nm").serves
 
 
 @pytest.mark.parametrize("num_kv_splits,return_lse,error,match", [
@@ -164,7 +175,7 @@ def test_bad_split_arguments_raise_before_any_launch(num_kv_splits, return_lse, 
 
 def test_bad_backend_and_fill_options():
   args = [np.zeros(s.shape, s.dtype) for s in specs(2, 16)]
-  with pytest.raises(ValueError, match="backend must be one of"):
+  with pytest.raises(ValueError, match="backend must be 'gfx950' or 'host', got 'reference'"):
     split_decode(*args, tokens_per_seq=1, num_kv_splits=2, backend="reference")
   with pytest.raises(ValueError, match="fill_unwritten_nan=True is only available"):
     split_decode(*args, tokens_per_seq=1, num_kv_splits=2, backend="gfx950",
@@ -173,7 +184,7 @@ def test_bad_backend_and_fill_options():
 
 def test_auto_split_count_is_at_least_two_with_lse():
   # 256 sequences x 2 head groups fill the 256 CUs twice: the occupancy pick alone says 1.
-  from jax_mla._src import planner  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.aiter import planner  # pylint: disable=import-outside-toplevel
   assert planner.num_kv_splits(256, 128) == 1
   fn = functools.partial(split_decode, tokens_per_seq=1, num_kv_splits=None, backend="gfx950")
   (call,) = custom_calls(export_text(fn, specs(256, 128)))

@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import assert_bit_identical, assert_close
-from rows import equal_width_batches, make_batch
+from support.compare import assert_bit_identical, assert_close
+from support.rows import equal_width_batches, make_batch
 import jax_mla
-from jax_mla._src import persistent_kernel, split_kernel
-from jax_mla._src.persistent_kernel import decode_persistent
-from jax_mla._src.split_kernel import split_decode
+from jax_mla._src.aiter import persistent as persistent_kernel
+from jax_mla._src.aiter import split as split_kernel
+from jax_mla._src.aiter.persistent import decode_persistent
+from jax_mla._src.aiter.split import split_decode
 from jax_mla._src.workspace import make_workspace
 
 # Ragged per batch element: empty sequences, several tiles, one very short.

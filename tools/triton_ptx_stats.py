@@ -1,5 +1,5 @@
 """Registers, spills, shared memory and MMA shapes of the Pallas (Triton) kernel for sm90,
-without a GPU: a developer tool for tuning jax_mla/_src/pallas_decode.py on a CPU machine.
+without a GPU: a developer tool for tuning src/jax_mla/_src/pallas/triton.py on a CPU machine.
 
 It lowers the kernel for CUDA on the CPU with `debug=True` (Pallas prints the Triton IR),
 compiles that IR with the `triton` package from PyPI for sm_90a, and runs `ptxas -v` on the PTX.
@@ -30,7 +30,7 @@ import jax  # noqa: E402  pylint: disable=wrong-import-position
 import jax.numpy as jnp  # noqa: E402  pylint: disable=wrong-import-position
 from jax.experimental import pallas as pl  # noqa: E402  pylint: disable=wrong-import-position
 
-from jax_mla._src import pallas_decode as pd  # noqa: E402  pylint: disable=wrong-import-position
+from jax_mla._src.pallas import triton as pd  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def triton_ir(batch, kv_len, heads, config):

@@ -15,9 +15,9 @@ Public API (everything else lives in private modules under jax_mla._src):
 """
 
 from jax_mla import plan, sharding
-from jax_mla._src.cache import ragged_from_topk, update_cache
-from jax_mla._src.code_objects import set_code_object_dir
-from jax_mla._src.decode import decode, decode_persistent
+from jax_mla._src.kv_cache import ragged_from_topk, update_cache
+from jax_mla._src.aiter.code_objects.find import set_code_object_dir
+from jax_mla._src.api import decode, decode_persistent
 from jax_mla._src.layout import from_flashmla, pack_rows, to_flashmla, unpack_rows
 from jax_mla._src.workspace import Workspace, make_workspace, reset_workspace
 

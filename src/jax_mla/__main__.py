@@ -15,9 +15,9 @@ def main(argv=None) -> int:
       print(f"  {name:6s} {text}")
     return 0 if argv[:1] in (["-h"], ["--help"]) else 2
   if argv[0] == "demo":
-    from jax_mla._src import demo  # pylint: disable=import-outside-toplevel
+    from jax_mla._src.cli import demo  # pylint: disable=import-outside-toplevel
     return demo.run(argv[1:])
-  from jax_mla._src import info  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.cli import info  # pylint: disable=import-outside-toplevel
   return info.run(argv[1:])
 
 

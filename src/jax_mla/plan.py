@@ -6,6 +6,6 @@ from static ints only, so one compiled executable serves every set of KV lengths
 `benchmarks/gfx950_bench.py` fits it on hardware).
 """
 
-from jax_mla._src.planner import LATENCY_MODEL_COEFFS, LatencyCoeffs, num_kv_splits
+from jax_mla._src.aiter.planner import LATENCY_MODEL_COEFFS, LatencyCoeffs, num_kv_splits
 
 __all__ = ["LATENCY_MODEL_COEFFS", "LatencyCoeffs", "num_kv_splits"]

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mla
-from compare import assert_close
-from oracle import oracle_decode
+from support.compare import assert_close
+from support.oracle import oracle_decode
 
 # The kernels' suites: rtol = atol = 3e-2 against the fp8-dequant reference, plus cosine.
 TOL = 3e-2

@@ -7,17 +7,14 @@ next (with the platform allocator, separately mapped) allocation.
 argv[1] = "scan": a jitted lax.scan decode loop with changing lengths (command-buffer test).
 """
 
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_mla  # noqa: E402
-from rows import make_batch  # noqa: E402
+from support.rows import make_batch  # noqa: E402
 
 GRANULE = 2 << 20
 

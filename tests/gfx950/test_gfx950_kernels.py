@@ -12,7 +12,7 @@ from jax.experimental import checkify
 
 import jax_mla
 from gfx950_cases import check, persistent, sink_or_none, split
-from rows import POISON_PATTERNS, make_batch, poison_padding
+from support.rows import POISON_PATTERNS, make_batch, poison_padding
 
 pytestmark = pytest.mark.gfx950
 

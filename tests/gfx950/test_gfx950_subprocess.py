@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from child_process import child_env, neutral_cwd
+from support.child_process import child_env, neutral_cwd
 
 pytestmark = pytest.mark.gfx950
 

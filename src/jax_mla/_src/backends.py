@@ -1,14 +1,94 @@
-"""Choosing a backend: what "auto" picks, and why; explicit choices that cannot run raise."""
+"""The backend registry: every backend registers here once, and nothing else names backends.
+
+Each entry says whether it can run here (`available() -> (ok, why)`), which (heads,
+tokens_per_seq) layouts it serves for `decode` and `decode_persistent` (None: any), and its two
+entry points, imported on first use so that no backend's code loads until it is asked for:
+
+  decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq,
+         num_kv_splits, return_lse) -> (out, lse or None)
+  decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                    return_lse) -> (out, lse or None, workspace)
+
+Both receive arguments already checked by the public API (`api.py`), sink as f32 [H].
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import warnings
+from typing import Callable
 
 import jax
 
 from jax_mla._src import platform
 
-BACKENDS = ("auto", "gfx950", "host", "pallas", "reference")
+Layouts = tuple[tuple[int, int], ...] | None
+
+
+def _entry(module: str, name: str, **bound) -> Callable:
+  """`module.name` (with `bound` keywords), imported at the first call."""
+  @functools.wraps(_entry)
+  def call(*args, **kwargs):
+    return getattr(importlib.import_module(module), name)(*args, **bound, **kwargs)
+  call.__name__ = call.__qualname__ = f"{module}.{name}"
+  return call
+
+
+def _aiter(name: str) -> Callable:
+  return _entry("jax_mla._src.aiter.backend", name)
+
+
+def _any_layout() -> Layouts:
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+  name: str
+  runs_on: str
+  available: Callable[[], tuple[bool, str]]
+  decode_layouts: Callable[[], Layouts]
+  persistent_layouts: Callable[[], Layouts]
+  decode: Callable
+  decode_persistent: Callable
+  needs_gpu: bool = False
+
+
+def _always() -> tuple[bool, str]:
+  return True, "pure JAX runs on every platform"
+
+
+REGISTRY: dict[str, Backend] = {b.name: b for b in (
+    Backend("gfx950", "ROCm, an MI355X with AMD's code objects found and verified",
+            available=_aiter("gfx950_available"), decode_layouts=_aiter("split_layouts"),
+            persistent_layouts=_aiter("persistent_layouts"),
+            decode=_entry("jax_mla._src.aiter.backend", "decode", backend="gfx950"),
+            decode_persistent=_entry("jax_mla._src.aiter.backend", "decode_persistent",
+                                     backend="gfx950"),
+            needs_gpu=True),
+    Backend("host", "a CPU, with the C++ extension built",
+            available=_aiter("host_available"), decode_layouts=_aiter("split_layouts"),
+            persistent_layouts=_aiter("persistent_layouts"),
+            decode=_entry("jax_mla._src.aiter.backend", "decode", backend="host"),
+            decode_persistent=_entry("jax_mla._src.aiter.backend", "decode_persistent",
+                                     backend="host")),
+    # The Pallas kernels serve the layouts of the aiter split kernel: the ones DeepSeek-V4 uses
+    # and the GPU tests cover. Its persistent entry runs its decode (any row count).
+    Backend("pallas", "CUDA and ROCm GPUs",
+            available=_entry("jax_mla._src.pallas.backend", "available"),
+            decode_layouts=_aiter("split_layouts"), persistent_layouts=_aiter("persistent_layouts"),
+            decode=_entry("jax_mla._src.pallas.backend", "decode"),
+            decode_persistent=_entry("jax_mla._src.pallas.backend", "decode_persistent"),
+            needs_gpu=True),
+    Backend("reference", "anywhere", available=_always, decode_layouts=_any_layout,
+            persistent_layouts=_aiter("persistent_layouts"),
+            decode=_entry("jax_mla._src.reference", "decode"),
+            decode_persistent=_entry("jax_mla._src.reference", "decode_persistent")),
+)}
+# What `backend=` accepts.
+BACKENDS = ("auto", *REGISTRY)
 
 
 def check_backend_name(backend) -> None:
@@ -17,41 +97,22 @@ def check_backend_name(backend) -> None:
 
 
 def host_available() -> tuple[bool, str]:
-  try:
-    from jax_mla._src import ext  # pylint: disable=import-outside-toplevel
-    ext.extension()
-  except ImportError as e:
-    return False, str(e)
-  return True, "the C++ extension is built"
+  return REGISTRY["host"].available()
 
 
 def gfx950_available() -> tuple[bool, str]:
-  """Whether the default device is a gfx950 whose code objects are found and verify."""
-  devices = jax.devices()
-  device = devices[0]
-  if platform.gpu_vendor(device) != "rocm":
-    return False, f"the default device is {device.platform}, not a ROCm GPU"
-  if not platform.is_gfx950(device):
-    return False, (f"the ROCm device {getattr(device, 'device_kind', device)!r} is not "
-                   "recognised as gfx950 (detection fails closed)")
-  try:
-    from jax_mla._src import code_objects  # pylint: disable=import-outside-toplevel
-    for kernel_id in ("mla_v4_nm",):
-      code_objects.find_code_object(kernel_id)
-  except Exception as e:  # pylint: disable=broad-except
-    return False, f"no usable code object: {e}"
-  return True, "gfx950 device with verified code objects"
+  return REGISTRY["gfx950"].available()
 
 
 def explain_auto() -> tuple[str, str]:
-  """(backend, reason) that backend="auto" resolves to for the default device."""
+  """(backend, reason) that backend="auto" resolves to for the default device: gfx950 where its
+  code objects verify, pallas on other GPUs, host on a CPU, the reference elsewhere."""
   ok, why = gfx950_available()
   if ok:
     return "gfx950", why
-  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-  kernel, kernel_why = pallas_backend.kernel_for(jax.devices()[0])
-  if kernel is not None:
-    return "pallas", f"{kernel_why} ({why})"
+  pallas_ok, pallas_why = REGISTRY["pallas"].available()
+  if pallas_ok:
+    return "pallas", f"{pallas_why} ({why})"
   default = jax.default_backend()
   if default == "cpu":
     ok, host_why = host_available()
@@ -65,7 +126,8 @@ class MissingExtensionWarning(RuntimeWarning):
   """backend="auto" fell back to the reference on a CPU because the C++ extension is missing."""
 
 
-def resolve(backend: str) -> str:
+def resolve(backend: str) -> Backend:
+  """The backend `backend=` names ("auto" resolved); raises and says why where it cannot run."""
   check_backend_name(backend)
   if backend == "auto":
     chosen, why = explain_auto()
@@ -74,12 +136,20 @@ def resolve(backend: str) -> str:
       # is several times slower than the host backend.
       warnings.warn(f"jax_mla: backend='auto' runs the slower pure-JAX reference: {why}",
                     MissingExtensionWarning, stacklevel=3)
-    return chosen
-  if backend == "host":
-    ok, why = host_available()
+    return REGISTRY[chosen]
+  entry = REGISTRY[backend]
+  if backend in ("host", "pallas"):  # gfx950 says why at its first launch (no code object)
+    ok, why = entry.available()
     if not ok:
-      raise RuntimeError(f"backend='host' cannot run: {why}")
-  if backend == "pallas":
-    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-    pallas_backend.default_kernel()  # raises where no Pallas kernel serves the device
-  return backend
+      raise RuntimeError(f"backend={backend!r} cannot run: {why}")
+  return entry
+
+
+def check_layout(entry: Backend, layouts: Layouts, num_heads: int, tokens_per_seq: int) -> None:
+  """Raises ValueError unless `entry` serves (num_heads, tokens_per_seq)."""
+  if layouts is None or (num_heads, tokens_per_seq) in layouts:
+    return
+  pairs = ", ".join(f"({h}, {m})" for h, m in layouts)
+  raise ValueError(
+      f"backend={entry.name!r} serves (num_heads, tokens_per_seq) in {{{pairs}}}; got "
+      f"({num_heads}, {tokens_per_seq}). backend='reference' serves any shape.")

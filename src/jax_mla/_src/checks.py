@@ -13,11 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mla._src import layout
+from jax_mla._src import workspace as ws_lib
 
-# (gqa = heads, tokens_per_seq) pairs the gfx950 "nm" code object serves (KERNELS.md section 3).
-SPLIT_KERNEL_PAIRS = ((16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1))
-# Head counts served by padding to a supported count (the result is sliced back).
-PADDED_HEADS = {8: 16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +75,8 @@ def check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *,
                      f"{_shape(kv)}); got {_shape(kv_rope)}")
   check_array("kv_indptr", kv_indptr, ndim=1, dtype=jnp.int32)
   num_seqs = _shape(kv_indptr)[0] - 1
-  if num_seqs < 1:
-    raise ValueError(f"kv_indptr must have num_seqs + 1 >= 2 entries; got shape "
+  if num_seqs < 0:
+    raise ValueError(f"kv_indptr must have num_seqs + 1 >= 1 entries; got shape "
                      f"{_shape(kv_indptr)}")
   check_array("kv_indices", kv_indices, ndim=1, dtype=jnp.int32)
   if num_tokens != num_seqs * tokens_per_seq:
@@ -95,20 +92,41 @@ def check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *,
                     tokens_per_seq)
 
 
-def supported_kernel_pairs() -> tuple:
-  """Every (heads, tokens_per_seq) the split kernel backends accept, padding included."""
-  padded = tuple((h, m) for h, target in PADDED_HEADS.items()
-                 for (g, m) in SPLIT_KERNEL_PAIRS if g == target)
-  return tuple(sorted(SPLIT_KERNEL_PAIRS + padded))
+def check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                          workspace) -> int:
+  """Checks the arguments of `jax_mla.decode_persistent` (sink already an array); returns N.
+
+  The head count is the backend's to check (backends.check_layout)."""
+  ws_lib.check_workspace(workspace)
+  check_array("q", q, ndim=3, dtype=jnp.uint8, last=layout.ROW_BYTES)
+  num_rows, num_heads = _shape(q)[:2]
+  if num_rows > ws_lib.MAX_ROWS:
+    raise ValueError(f"N = {num_rows} rows exceeds the kernel's limit of {ws_lib.MAX_ROWS} (its "
+                     "byte offsets wrap above it); split the batch")
+  if num_rows > workspace.max_rows:
+    raise ValueError(f"N = {num_rows} rows exceeds workspace.max_rows = {workspace.max_rows}; "
+                     f"make the workspace with make_workspace(..., max_rows={num_rows}) or larger")
+  check_array("q_rope", q_rope, ndim=3, dtype=jnp.bfloat16)
+  _check_shape("q_rope", q_rope, (num_rows, num_heads, layout.ROPE_DIM), f"(q is {_shape(q)})")
+  check_array("kv", kv, ndim=2, dtype=jnp.uint8, last=layout.ROW_BYTES)
+  check_array("kv_rope", kv_rope, ndim=2, dtype=jnp.bfloat16)
+  _check_shape("kv_rope", kv_rope, (_shape(kv)[0], layout.ROPE_DIM), f"(kv is {_shape(kv)})")
+  check_array("kv_indptr", kv_indptr, ndim=1, dtype=jnp.int32)
+  _check_shape("kv_indptr", kv_indptr, (num_rows + 1,), "(N + 1 for N rows of q)")
+  check_array("kv_indices", kv_indices, ndim=1, dtype=jnp.int32)
+  check_array("sink", sink, ndim=1, dtype=jnp.float32)
+  _check_shape("sink", sink, (num_heads,), "(one logit per head)")
+  return num_rows
 
 
-def check_kernel_support(num_heads: int, tokens_per_seq: int, backend: str) -> None:
-  """Raises ValueError unless the split kernel (directly or by padding heads) serves the shape."""
-  if (num_heads, tokens_per_seq) not in supported_kernel_pairs():
-    pairs = ", ".join(f"({h}, {m})" for h, m in supported_kernel_pairs())
-    raise ValueError(
-        f"backend={backend!r} serves (num_heads, tokens_per_seq) in {{{pairs}}}; got "
-        f"({num_heads}, {tokens_per_seq}). backend='reference' serves any shape.")
+def _check_shape(name: str, x, want: tuple, why: str) -> None:
+  if _shape(x) != want:
+    raise ValueError(f"{name} must have shape {want} {why}; got {_shape(x)}")
+
+
+def check_bool(name: str, value) -> None:
+  if not isinstance(value, bool):
+    raise TypeError(f"{name} must be a bool; got {value!r}")
 
 
 def as_sink(sink, num_heads: int):

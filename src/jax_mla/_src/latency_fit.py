@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from jax_mla._src import planner
+from jax_mla._src.aiter import planner
 
 FORMAT = "jax_mla.latency_coeffs.v1"
 COEFF_NAMES = ("wave_us", "tile_us", "partial_us", "merge_us")

@@ -79,3 +79,21 @@ def reference_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tok
   out = jnp.where(seen[..., None], acc * jnp.exp(m_safe - lse)[..., None], 0.0)
   out = out.reshape(num_tokens, num_heads, layout.HEAD_DIM).astype(jnp.bfloat16)
   return out, lse.reshape(num_tokens, num_heads)
+
+
+def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
+           num_kv_splits: int | None, return_lse: bool):
+  """The registry's `decode` entry: the reference does not split (num_kv_splits is ignored)."""
+  del num_kv_splits
+  out, lse = reference_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                              tokens_per_seq=tokens_per_seq)
+  return out, (lse if return_lse else None)
+
+
+def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
+                      return_lse: bool):
+  """The registry's `decode_persistent` entry: the same decode, one token per row; the workspace
+  comes back untouched."""
+  out, lse = decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq=1,
+                    num_kv_splits=None, return_lse=return_lse)
+  return out, lse, workspace

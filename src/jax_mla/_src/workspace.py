@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mla._src import layout
+
 NUM_HEADS = 128
-HEAD_DIM = 512
 MAX_ROWS = 32768          # the kernel's byte offsets wrap above it
 MAX_PARTITIONS = 1024
 # Arrival counters and planner scratch, fixed by the kernel: 2*65536 + 16*512 + 4*1024.
@@ -111,7 +112,7 @@ def make_workspace(num_partitions: int = 128, max_rows: int = MAX_ROWS, *,
                      f"got {max_rows}")
   p = int(num_partitions)
   return Workspace(
-      o_acc=jnp.zeros((2 * p, NUM_HEADS, HEAD_DIM), jnp.float32),
+      o_acc=jnp.zeros((2 * p, NUM_HEADS, layout.HEAD_DIM), jnp.float32),
       lse_acc=jnp.zeros((2 * p, NUM_HEADS), jnp.float32),
       desc=jnp.zeros((p, DESC_WIDTH), jnp.int32),
       cnt=jnp.zeros((CNT_ENTRIES,), jnp.uint32),
@@ -152,7 +153,7 @@ def check_workspace(workspace, *, allow_any_partitions: bool = True) -> None:
     raise ValueError(f"workspace.arange must have shape [max_rows + 1] with 1 <= max_rows <= "
                      f"{MAX_ROWS}, got {tuple(arange.shape)}")
   expected = {
-      "o_acc": ((2 * p, NUM_HEADS, HEAD_DIM), jnp.float32),
+      "o_acc": ((2 * p, NUM_HEADS, layout.HEAD_DIM), jnp.float32),
       "lse_acc": ((2 * p, NUM_HEADS), jnp.float32),
       "desc": ((p, DESC_WIDTH), jnp.int32),
       "cnt": ((CNT_ENTRIES,), jnp.uint32),

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mla._src import backends
-from jax_mla._src.decode import decode
+from jax_mla._src.api import decode
 from jax_mla._src.layout import pack_rows
 
 

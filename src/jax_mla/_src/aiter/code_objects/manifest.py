@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from jax_mla._src import amdgpu_elf
+from jax_mla._src.aiter.code_objects import elf as amdgpu_elf
 
 SCHEMA_VERSION = 1
 FAMILIES = ("split", "persistent")
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[3]  # jax_mla/
 # Installed wheels carry the manifest inside the package (CMakeLists installs it to jax_mla/hsa);
 # a source checkout keeps it at <repo>/hsa, the package being <repo>/src/jax_mla.
 MANIFEST_CANDIDATES = (

@@ -1,11 +1,11 @@
-"""`jax_mla.decode`: argument checks, backend choice, then the reference or a kernel backend."""
+"""The public decode functions: every argument checked, the backend resolved once through the
+registry (backends.py), then its entry point."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mla._src import backends, checks, index_checks
-from jax_mla._src.reference import reference_decode
+from jax_mla._src import backends, checks, index_checks, layout
 
 
 def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_per_seq: int = 1,
@@ -44,34 +44,21 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     entries gives `out = 0` and `lse = sink` (`-inf` without one). The softmax scale is the
     kernels' fixed 1/sqrt(512).
   """
-  checks.check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
-                           tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits)
-  if not isinstance(return_lse, bool):
-    raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
-  _check_bool("check_indices", check_indices)
-  backend = backends.resolve(backend)
-  num_heads = q.shape[1]
-  if backend != "reference":
-    checks.check_kernel_support(num_heads, tokens_per_seq, backend)
+  dims = checks.check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                  tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits)
+  checks.check_bool("return_lse", return_lse)
+  checks.check_bool("check_indices", check_indices)
+  entry = backends.resolve(backend)
+  backends.check_layout(entry, entry.decode_layouts(), dims.num_heads, tokens_per_seq)
   if check_indices:
     kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
                                                zero_start=True)
+  sink = checks.as_sink(sink, dims.num_heads)
+  if dims.num_tokens == 0:  # no sequences: nothing to launch
+    return _empty_results(q, return_lse)
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices)]
-  sink = checks.as_sink(sink, num_heads)
-  if backend == "reference":
-    out, lse = reference_decode(*args, sink, tokens_per_seq=tokens_per_seq)
-    return out, (lse if return_lse else None)
-  if backend == "pallas":
-    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-    return pallas_backend.decode(*args, sink, tokens_per_seq=tokens_per_seq,
-                                 num_kv_splits=num_kv_splits, return_lse=return_lse)
-  from jax_mla._src import split_kernel  # pylint: disable=import-outside-toplevel
-  if backend == "gfx950":
-    from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
-    gfx950.prepare("mla_v4_nm")
-  return split_kernel.split_decode(*args, sink, tokens_per_seq=tokens_per_seq,
-                                   num_kv_splits=num_kv_splits, backend=backend,
-                                   return_lse=return_lse)
+  return entry.decode(*args, sink, tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits,
+                      return_lse=return_lse)
 
 
 def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
@@ -100,34 +87,25 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
     `decode`: lse is the natural log with the sink included; rows without KV entries give
     `out = 0` and `lse = sink`.
   """
-  from jax_mla._src import persistent_kernel  # pylint: disable=import-outside-toplevel
+  checks.check_bool("return_lse", return_lse)
+  checks.check_bool("check_indices", check_indices)
   backends.check_backend_name(backend)
-  if not isinstance(return_lse, bool):
-    raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
   if sink is None and hasattr(q, "shape") and len(q.shape) == 3:
     sink = checks.as_sink(None, q.shape[1])
-  _check_bool("check_indices", check_indices)
-  num_rows = persistent_kernel.check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
-                                            workspace)
-  backend = backends.resolve(backend)
+  num_rows = checks.check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                          workspace)
+  entry = backends.resolve(backend)
+  backends.check_layout(entry, entry.persistent_layouts(), q.shape[1], 1)
   if check_indices:
     kv_indptr = index_checks.checked_kv_indptr(kv_indptr, kv_indices, kv.shape[0],
                                                zero_start=False)
-  if backend not in ("reference", "pallas"):
-    return persistent_kernel.decode_persistent(
-        q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, return_lse=return_lse,
-        backend=backend)
-  if num_rows == 0:  # nothing to launch on either
-    out = jnp.zeros((0, q.shape[1], q.shape[2]), jnp.bfloat16)
-    return out, (jnp.zeros((0, q.shape[1]), jnp.float32) if return_lse else None), workspace
+  if num_rows == 0:  # nothing to launch
+    return (*_empty_results(q, return_lse), workspace)
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
-  if backend == "pallas":
-    from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
-    return pallas_backend.decode_persistent(*args, workspace, return_lse=return_lse)
-  out, lse = reference_decode(*args, tokens_per_seq=1)
-  return out, (lse if return_lse else None), workspace
+  return entry.decode_persistent(*args, workspace, return_lse=return_lse)
 
 
-def _check_bool(name: str, value) -> None:
-  if not isinstance(value, bool):
-    raise TypeError(f"{name} must be a bool; got {value!r}")
+def _empty_results(q, return_lse):
+  num_heads = q.shape[1]
+  out = jnp.zeros((0, num_heads, layout.HEAD_DIM), jnp.bfloat16)
+  return out, (jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)

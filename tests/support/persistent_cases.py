@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compare import assert_bf16_decode_close
-from jax_mla._src.persistent_kernel import decode_persistent, decode_persistent_raw
+from support.compare import assert_bf16_decode_close
+from jax_mla._src.aiter.persistent import decode_persistent, decode_persistent_raw
 from jax_mla._src.workspace import make_workspace
-from oracle import oracle_decode
+from support.oracle import oracle_decode
 
 
 def inputs(batch):

@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from jax_mla._src import amdgpu_elf
-from jax_mla._src import manifest as manifest_lib
+from jax_mla._src.aiter.code_objects import elf as amdgpu_elf
+from jax_mla._src.aiter.code_objects import manifest as manifest_lib
 
 ENV_VAR = "JAX_MLA_HSA_DIR"
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from jax_mla._src import code_objects, ext, platform
+from jax_mla._src import ext, platform
+from jax_mla._src.aiter.code_objects import find as code_objects
 
 _lock = threading.Lock()
 _registered: set[str] = set()

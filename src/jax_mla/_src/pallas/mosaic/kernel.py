@@ -33,12 +33,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mla._src import mosaic_consumer
-from jax_mla._src import mosaic_gather
-from jax_mla._src import mosaic_pair
+from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
+from jax_mla._src.pallas.mosaic import gather as mosaic_gather
+from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 from jax_mla._src.jax_compat import mgpu_load
 from jax_mla._src.kernel_math import split_chunks
-from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, HALF
+from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to at most

@@ -1,4 +1,4 @@
-"""Static choices of the Pallas backend: row block, kernel config, KV split count.
+"""Static choices of the Pallas kernels: row block, KV split count, result types.
 
 Everything here is a function of static shapes only, so one compiled executable serves every
 set of KV lengths of a shape.
@@ -24,12 +24,6 @@ def row_block(rows: int) -> int:
   while block < min(rows, 64):
     block *= 2
   return block
-
-
-def default_config(rows: int):
-  from jax_mla._src.pallas_decode import KernelConfig  # pylint: disable=import-outside-toplevel
-  del rows
-  return KernelConfig()
 
 
 def num_sms() -> int:

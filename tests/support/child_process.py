@@ -2,7 +2,8 @@
 
 `python -c` and `python -m` put the working directory first on sys.path, so a child started from
 a source checkout would import the unbuilt sources instead of the installed package: children run
-from a neutral directory, with the imported package's parent and tests/ first on PYTHONPATH.
+from a neutral directory, with the imported package's parent and tests/ (for support/) first on
+PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import tempfile
 
 import jax_mla
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, above support/
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jax_mla.__file__)))
 
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
-from jax_mla._src import pallas_merge
-from jax_mla._src import pallas_plan
+from jax_mla._src.pallas import merge as pallas_merge
+from jax_mla._src.pallas import plan as pallas_plan
 from jax_mla._src.kernel_math import (LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2,
                                       split_chunks)
 TILE = layout.TILE  # 64
@@ -261,7 +261,7 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     num_kv_splits: KV splits over the grid; None picks one from static shapes
       (`pallas_plan.num_kv_splits`).
     interpret: run the kernel in Pallas interpret mode (any backend, e.g. the CPU in tests).
-    config: block sizes and Triton knobs; None picks `pallas_plan.default_config`.
+    config: block sizes and Triton knobs; None: the defaults.
 
   Returns:
     `(out bf16 [T, H, 512], lse f32 [T, H] or None)`; lse is the natural log of the softmax
@@ -270,7 +270,7 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
-  config = config or pallas_plan.default_config(rows)
+  config = config or KernelConfig()
   block_rows = min(config.block_rows, pallas_plan.row_block(rows))
   padded_rows = -(-rows // block_rows) * block_rows
   num_splits = num_kv_splits or pallas_plan.num_kv_splits(

@@ -25,11 +25,12 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir, xla
 
-from jax_mla._src import ext, sharding, vmap_rules
+from jax_mla._src import checks, ext, layout
+from jax_mla._src.aiter import empty_rows, guards
+from jax_mla._src.aiter import vmap_rules
 from jax_mla._src import workspace as ws_lib
 
 TARGET = "jax_mla_persistent_decode_v1"
-BACKENDS = ("gfx950", "host")
 _NUM_INPUTS = 7
 _WORKSPACE_FIELDS = ("o_acc", "lse_acc", "desc", "cnt", "arange")
 # Operand i of the workspace (7..11) aliases result i - 5 (2..6).
@@ -73,16 +74,14 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   as is (rows with K = 0 unwritten), "select"/"scatter" force one fix-up method (True picks by
   backend: select on host, scatter on gfx950); fill_unwritten_nan=True (host only) makes the unwritten rows NaN first."""
   _check_static(return_lse, backend, fill_unwritten_nan)
-  n = check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace)
+  n = checks.check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
+                                   workspace)
   # Sharded operands outside shard_map would be gathered onto every device: refuse them.
-  sharding.check_not_partitioned("decode_persistent", q, q_rope, kv, kv_rope, kv_indptr,
+  guards.check_not_partitioned("decode_persistent", q, q_rope, kv, kv_rope, kv_indptr,
                                  kv_indices, sink, *jax.tree.leaves(workspace))
   if n == 0:
     lse = jnp.zeros((0, ws_lib.NUM_HEADS), jnp.float32) if return_lse else None
-    return jnp.zeros((0, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16), lse, workspace
-  if backend == "gfx950":  # hand the verified nm_ps code object to the launcher (ROCm only)
-    from jax_mla._src import gfx950  # pylint: disable=import-outside-toplevel
-    gfx950.prepare("mla_v4_nm_ps")
+    return jnp.zeros((0, ws_lib.NUM_HEADS, layout.HEAD_DIM), jnp.bfloat16), lse, workspace
   results = persistent_decode_p.bind(
       q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
       *(getattr(workspace, f) for f in _WORKSPACE_FIELDS),
@@ -91,94 +90,22 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
   out, lse = results[0], results[1]
   new_ws = ws_lib.Workspace(*results[2:])
   if fix_empty_rows is not False:
-    method = fix_empty_rows
-    if method is True:  # the backend fixes the platform: host runs on XLA:CPU, gfx950 on ROCm
-      method = "select" if backend == "host" else "scatter"
-    out, lse = _fix_empty_rows(out, lse if return_lse else None, kv_indptr, sink, method)
+    method = empty_rows.METHODS[backend] if fix_empty_rows is True else fix_empty_rows
+    out, lse = empty_rows.fix(out, lse if return_lse else None, kv_indptr, sink,
+                              tokens_per_seq=1, method=method)
   return out, (lse if return_lse else None), new_ws
-
-
-def _fix_empty_rows(out, lse, kv_indptr, sink, method):
-  """The kernel leaves rows with K = 0 unwritten; the API promises out = 0, lse = sink there.
-
-  - "scatter" (backend gfx950): zeros are scattered into the empty rows only; every
-    other row gets the out-of-range index N and mode="drop" skips it, so the write touches only
-    empty rows, with no full pass over out. Done on the uint16 bits, so no backend widens bf16.
-  - "select" (backend host): one fused select over out. XLA:CPU lowers the scatter above to a
-    materialised broadcast of the updates plus copies: at N=4096 (512 MiB of out) it measured
-    about 360 ms (1.6 s on bf16 directly) against 19-31 ms for the select; docs/workspace.md.
-  lse is small: always a select.
-  """
-  empty = kv_indptr[1:] == kv_indptr[:-1]
-  if method == "select":
-    out = _zero_rows_select(out, empty)
-  elif method == "scatter":
-    out = _zero_rows_scatter(out, empty)
-  else:
-    raise ValueError(f"fix_empty_rows must be True, False, 'select' or 'scatter', got {method!r}")
-  if lse is not None:
-    lse = jnp.where(empty[:, None], sink[None, :], lse)
-  return out, lse
-
-
-def _zero_rows_scatter(out, empty):
-  n = out.shape[0]
-  rows = jnp.where(empty, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
-  bits = jax.lax.bitcast_convert_type(out, jnp.uint16)
-  bits = bits.at[rows].set(jnp.uint16(0), mode="drop")
-  return jax.lax.bitcast_convert_type(bits, out.dtype)
-
-
-def _zero_rows_select(out, empty):
-  return jnp.where(empty[:, None, None], jnp.zeros((), out.dtype), out)
 
 
 # ---------------------------------------------------------------------------- argument checks
 
 def _check_static(return_lse, backend, fill_unwritten_nan):
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS} for the persistent path, got "
-                     f"{backend!r}; the pure-JAX path is backend='reference' of jax_mla.decode")
+  if backend not in empty_rows.METHODS:
+    raise ValueError(f"backend must be 'gfx950' or 'host' for the persistent primitive, got "
+                     f"{backend!r}")
   if not isinstance(return_lse, (bool, np.bool_)):
     raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
   if fill_unwritten_nan and backend != "host":
     raise ValueError("fill_unwritten_nan is a test aid of the host backend only")
-
-
-def _check_array(x, name, dtype, shape):
-  """shape: tuple with None for any extent."""
-  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-    raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-  if x.dtype != dtype:
-    raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {np.dtype(x.dtype).name}")
-  want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
-  if len(x.shape) != len(shape) or any(s is not None and a != s for a, s in zip(x.shape, shape)):
-    raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
-
-
-def check_arrays(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace) -> int:
-  """Checks decode_persistent's arrays (any backend); returns N."""
-  ws_lib.check_workspace(workspace)
-  _check_array(q, "q", jnp.uint8, (None, None, None))
-  n, h, width = q.shape
-  if h != ws_lib.NUM_HEADS:
-    raise ValueError(f"q must have 128 query heads (the nm_ps kernel serves H = 128 with one "
-                     f"query token per row), got q.shape[1] = {h}; use jax_mla.decode for others")
-  if width != 512:
-    raise ValueError(f"q rows must be 512 packed bytes, got q.shape[2] = {width}")
-  if n > ws_lib.MAX_ROWS:
-    raise ValueError(f"N = {n} rows exceeds the kernel's limit of {ws_lib.MAX_ROWS} (its byte "
-                     "offsets wrap above it); split the batch")
-  if n > workspace.max_rows:
-    raise ValueError(f"N = {n} rows exceeds workspace.max_rows = {workspace.max_rows}; make the "
-                     f"workspace with make_workspace(..., max_rows={n}) or larger")
-  _check_array(q_rope, "q_rope", jnp.bfloat16, (n, h, 64))
-  _check_array(kv, "kv", jnp.uint8, (None, 512))
-  _check_array(kv_rope, "kv_rope", jnp.bfloat16, (kv.shape[0], 64))
-  _check_array(kv_indptr, "kv_indptr", jnp.int32, (n + 1,))
-  _check_array(kv_indices, "kv_indices", jnp.int32, (None,))
-  _check_array(sink, "sink", jnp.float32, (h,))
-  return n
 
 
 # ---------------------------------------------------------------------------- primitive rules
@@ -190,7 +117,7 @@ def _abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, o_acc, l
   if desc.shape[0] != num_partitions:
     raise ValueError(f"num_partitions={num_partitions} does not match the workspace (P="
                      f"{desc.shape[0]})")
-  out = jax.core.ShapedArray((n, ws_lib.NUM_HEADS, ws_lib.HEAD_DIM), jnp.bfloat16)
+  out = jax.core.ShapedArray((n, ws_lib.NUM_HEADS, layout.HEAD_DIM), jnp.bfloat16)
   lse = jax.core.ShapedArray((n if return_lse else 0, ws_lib.NUM_HEADS), jnp.float32)
   workspace = [jax.core.ShapedArray(a.shape, a.dtype) for a in (o_acc, lse_acc, desc, cnt, arange)]
   return [out, lse, *workspace]
@@ -209,7 +136,7 @@ def _lowering(platform):
   ffi_rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=_ALIASES)
 
   def rule(ctx, *operands, backend, return_lse, fill_unwritten_nan, num_partitions):
-    sharding.check_lowering_not_replicated(ctx, "decode_persistent")  # plain jit, many devices
+    guards.check_lowering_not_replicated(ctx, "decode_persistent")  # plain jit, many devices
     want = "host" if platform == "cpu" else "gfx950"
     if backend != want:
       raise NotImplementedError(

@@ -20,20 +20,14 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir, xla
 
-from jax_mla._src import ext, planner, sharding, vmap_rules
+from jax_mla._src import ext, layout
+from jax_mla._src.aiter import empty_rows, guards
+from jax_mla._src.aiter import planner
+from jax_mla._src.aiter import vmap_rules
 
 TARGET = "jax_mla_split_decode_v1"
-HEAD_DIM = 512
-ROPE_DIM = 64
-# (gqa, tokens_per_seq) pairs the one nm binary serves.
-SUPPORTED_SHAPES = ((16, 1), (16, 2), (16, 4), (32, 1), (64, 1), (128, 1))
-BACKENDS = ("gfx950", "host")
-
-
-def _supported_text() -> str:
-  return " ".join(f"({h},{m})" for h, m in SUPPORTED_SHAPES)
-
-
+# Head counts served by padding to one the kernel serves (the result is sliced back).
+PADDED_HEADS = {8: 16}
 # --- the one shape function -------------------------------------------------------------------
 
 def split_result_shapes(num_tokens: int, num_heads: int, num_seqs: int, num_kv_splits: int):
@@ -41,8 +35,8 @@ def split_result_shapes(num_tokens: int, num_heads: int, num_seqs: int, num_kv_s
   [partials, partial_lse, valid_split_count]."""
   t, h, s = num_tokens, num_heads, num_kv_splits
   if s == 1:
-    return [jax.ShapeDtypeStruct((t, h, HEAD_DIM), jnp.bfloat16)]
-  return [jax.ShapeDtypeStruct((t, s, h, HEAD_DIM), jnp.float32),
+    return [jax.ShapeDtypeStruct((t, h, layout.HEAD_DIM), jnp.bfloat16)]
+  return [jax.ShapeDtypeStruct((t, s, h, layout.HEAD_DIM), jnp.float32),
           jax.ShapeDtypeStruct((t, s, h), jnp.float32),
           jax.ShapeDtypeStruct((num_seqs,), jnp.int32)]
 
@@ -75,7 +69,7 @@ def _rocm_backend_present() -> bool:
 
 
 def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
-  sharding.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
+  guards.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "gfx950":
     raise ValueError(f"backend={backend!r} cannot run on rocm: the rocm lowering of "
                      f"{TARGET} launches the gfx950 code object (use backend='gfx950')")
@@ -91,7 +85,7 @@ def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unw
 
 
 def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
-  sharding.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
+  guards.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "host":
     raise ValueError(f"backend={backend!r} needs a ROCm gfx950 device; this computation is "
                      "lowered for cpu (use backend='host' or backend='reference')")
@@ -150,7 +144,7 @@ def _merge_abstract_eval(partials, partial_lse, valid_split_count, kv_indptr, si
                          tokens_per_seq):
   del partial_lse, valid_split_count, kv_indptr, sink, tokens_per_seq
   t, _, h, _ = partials.shape
-  return [jax.core.ShapedArray((t, h, HEAD_DIM), jnp.bfloat16),
+  return [jax.core.ShapedArray((t, h, layout.HEAD_DIM), jnp.bfloat16),
           jax.core.ShapedArray((t, h), jnp.float32)]
 
 
@@ -170,11 +164,6 @@ def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return
                   fill_unwritten_nan):
   if isinstance(tokens_per_seq, bool) or not isinstance(tokens_per_seq, int):
     raise TypeError(f"tokens_per_seq must be an int, got {tokens_per_seq!r}")
-  if (num_heads, tokens_per_seq) not in SUPPORTED_SHAPES:
-    raise ValueError(
-        f"the nm kernel does not serve (num_heads, tokens_per_seq) = ({num_heads}, "
-        f"{tokens_per_seq}); supported (num_heads, tokens_per_seq): {_supported_text()} "
-        "(num_heads = 8 runs padded to 16)")
   if num_kv_splits is not None:
     if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, (int, np.integer)):
       raise TypeError(f"num_kv_splits must be an int or None, got {num_kv_splits!r}")
@@ -185,38 +174,10 @@ def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return
           "num_kv_splits=1 with return_lse=True: with one split the nm kernel writes the bf16 "
           "output directly and no LSE (whether it also writes one is undocumented, KERNELS.md "
           "section 3). Pass return_lse=False, or num_kv_splits >= 2.")
-  if backend not in BACKENDS:
-    raise ValueError(f"split_decode backend must be one of {BACKENDS}, got {backend!r}")
+  if backend not in empty_rows.METHODS:
+    raise ValueError(f"split_decode backend must be 'gfx950' or 'host', got {backend!r}")
   if fill_unwritten_nan and backend != "host":
     raise ValueError("fill_unwritten_nan=True is only available with backend='host'")
-
-
-def _empty_token_rows(kv_indptr, tokens_per_seq, num_tokens):
-  """[T] bool: tokens of sequences with no KV entries (rows the S == 1 kernel leaves unwritten)."""
-  empty = (kv_indptr[1:] - kv_indptr[:-1]) <= 0
-  return jnp.repeat(empty, tokens_per_seq, total_repeat_length=num_tokens)
-
-
-def zero_empty_rows_scatter(out, kv_indptr, tokens_per_seq):
-  """Zeroes only the rows of empty sequences: a scatter whose indices are those rows and an
-  out-of-range sentinel (dropped) elsewhere, so `out` is updated in place, no full pass. Used for
-  gfx950. XLA:CPU runs scatters element by element: there it costs ~15-25 ms at T=64, H=128
-  (benchmarks/split_empty_row_fixup.py), far more than one select pass."""
-  num_tokens = out.shape[0]
-  empty = _empty_token_rows(kv_indptr, tokens_per_seq, num_tokens)
-  rows = jnp.where(empty, jnp.arange(num_tokens, dtype=jnp.int32), num_tokens)
-  return out.at[rows].set(jnp.zeros((), out.dtype), mode="drop")
-
-
-def zero_empty_rows_select(out, kv_indptr, tokens_per_seq):
-  """The same result as one select pass over `out`. Used for the host backend, where it costs
-  ~0.3-0.5 ms at T=64, H=128 against ~15-25 ms for XLA:CPU's scatter."""
-  empty = _empty_token_rows(kv_indptr, tokens_per_seq, out.shape[0])
-  return jnp.where(empty[:, None, None], jnp.zeros((), out.dtype), out)
-
-
-# backend -> how the S == 1 output gets its empty rows zeroed (measured choice, see above).
-ZERO_EMPTY_ROWS = {"gfx950": zero_empty_rows_scatter, "host": zero_empty_rows_select}
 
 
 def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
@@ -233,10 +194,10 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
     (out bf16 [T, H, 512], lse f32 [T, H] with the sink included, or None).
   """
   # Sharded operands outside shard_map would be gathered onto every device: refuse them.
-  sharding.check_not_partitioned("decode", q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)
+  guards.check_not_partitioned("decode", q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)
   num_tokens, num_heads = q.shape[0], q.shape[1]
   num_seqs = kv_indptr.shape[0] - 1
-  kernel_heads = 16 if num_heads == 8 else num_heads
+  kernel_heads = PADDED_HEADS.get(num_heads, num_heads)
   if fill_unwritten_nan is None:
     fill_unwritten_nan = backend == "host"
   _check_static(kernel_heads, tokens_per_seq, num_kv_splits, backend, return_lse,
@@ -245,7 +206,7 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
     raise ValueError(f"q has {num_tokens} tokens; expected num_seqs * tokens_per_seq = "
                      f"{num_seqs} * {tokens_per_seq}")
   if num_seqs == 0:
-    out = jnp.zeros((0, num_heads, HEAD_DIM), jnp.bfloat16)
+    out = jnp.zeros((0, num_heads, layout.HEAD_DIM), jnp.bfloat16)
     return out, (jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
   if num_kv_splits is None:
     num_kv_splits = planner.num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
@@ -254,7 +215,7 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   num_kv_splits = int(num_kv_splits)
 
   sink = jnp.asarray(sink, jnp.float32)
-  if kernel_heads != num_heads:  # 8 heads: pad to 16, the padded heads never see a sink
+  if kernel_heads != num_heads:  # padded heads never see a sink
     pad = kernel_heads - num_heads
     q = jnp.pad(q, ((0, 0), (0, pad), (0, 0)))
     q_rope = jnp.pad(q_rope, ((0, 0), (0, pad), (0, 0)))
@@ -265,7 +226,8 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
       seq_ids * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=int(tokens_per_seq),
       backend=backend, fill_unwritten_nan=bool(fill_unwritten_nan))
   if num_kv_splits == 1:
-    out, lse = ZERO_EMPTY_ROWS[backend](results[0], kv_indptr, tokens_per_seq), None
+    out, lse = empty_rows.fix(results[0], None, kv_indptr, sink, tokens_per_seq=tokens_per_seq,
+                              method=empty_rows.METHODS[backend])
   else:
     partials, partial_lse, valid_split_count = results
     out, lse = merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink,

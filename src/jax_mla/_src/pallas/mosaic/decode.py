@@ -25,10 +25,10 @@ import functools
 import jax.numpy as jnp
 
 from jax_mla._src import layout
-from jax_mla._src import mosaic_direct
-from jax_mla._src import pallas_merge
-from jax_mla._src import pallas_plan
-from jax_mla._src.mosaic_consumer import BLOCK_KV, BLOCK_ROWS, LAUNCH_REGISTERS
+from jax_mla._src.pallas.mosaic import kernel as mosaic_direct
+from jax_mla._src.pallas import merge as pallas_merge
+from jax_mla._src.pallas import plan as pallas_plan
+from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, LAUNCH_REGISTERS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,13 +19,13 @@ def run(argv=None) -> int:
           f"{f' ({arch})' if arch else ''}")
   ok, why = backends.host_available()
   print(f"host backend: {'available' if ok else 'unavailable'} ({why})")
-  from jax_mla._src import pallas_backend  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas import backend as pallas_backend  # pylint: disable=import-outside-toplevel
   kernel, why = pallas_backend.kernel_for(jax.devices()[0])
   print(f"pallas backend: "
         f"{'the ' + kernel + ' kernel' if kernel else 'unavailable'} ({why})")
   print("code objects:")
   try:
-    from jax_mla._src import code_objects  # pylint: disable=import-outside-toplevel
+    from jax_mla._src.aiter.code_objects import find as code_objects  # pylint: disable=import-outside-toplevel
     for discovery in code_objects.discover_all():
       print(f"  {discovery.describe()}")
   except ImportError as e:

@@ -29,9 +29,20 @@ def kernel_for(device) -> tuple[str | None, str]:
                 "backend='pallas' needs a CUDA or ROCm GPU")
 
 
+def device_kernel() -> tuple[str | None, str]:
+  """`kernel_for` the default device. (Tests on the CPU swap this, and `_interpret`, to run the
+  whole backend with the Triton kernel in interpret mode.)"""
+  return kernel_for(jax.devices()[0])
+
+
+def available() -> tuple[bool, str]:
+  kernel, why = device_kernel()
+  return kernel is not None, why
+
+
 def default_kernel() -> str:
   """The kernel for the default device; raises RuntimeError where there is none."""
-  kernel, why = kernel_for(jax.devices()[0])
+  kernel, why = device_kernel()
   if kernel is None:
     raise RuntimeError(f"backend='pallas' cannot run: {why}")
   return kernel
@@ -42,11 +53,11 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_se
   """`jax_mla.decode` on the Pallas backend; arguments validated (at least one sequence),
   sink f32 [H]."""
   if default_kernel() == "mosaic":
-    from jax_mla._src import mosaic_decode  # pylint: disable=import-outside-toplevel
+    from jax_mla._src.pallas.mosaic import decode as mosaic_decode  # pylint: disable=import-outside-toplevel
     return mosaic_decode.mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                        tokens_per_seq=tokens_per_seq,
                                        num_kv_splits_=num_kv_splits, return_lse=return_lse)
-  from jax_mla._src import pallas_decode  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas import triton as pallas_decode  # pylint: disable=import-outside-toplevel
   return pallas_decode.pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                      tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits,
                                      return_lse=return_lse, interpret=_interpret())
@@ -64,6 +75,5 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
 
 
 def _interpret() -> bool:
-  """Pallas interpret mode for the Triton kernel: off on a GPU. (Tests on the CPU swap
-  default_kernel and this to run the whole backend in interpret mode.)"""
+  """Pallas interpret mode for the Triton kernel: off on a GPU (see device_kernel)."""
   return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mla._src.mosaic_gather import PEER_BYTES, barrier_address
+from jax_mla._src.pallas.mosaic.gather import PEER_BYTES, barrier_address
 
 
 def ready_barriers(num_tiles):

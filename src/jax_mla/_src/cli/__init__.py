@@ -1,0 +1,1 @@
+"""The `jax-mla` command line: demo and info."""

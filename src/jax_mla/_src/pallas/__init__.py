@@ -1,0 +1,2 @@
+"""backend="pallas": Pallas GPU kernels (Mosaic GPU on Hopper, Triton elsewhere), their plan
+and their split merge."""

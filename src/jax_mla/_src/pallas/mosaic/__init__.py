@@ -1,0 +1,1 @@
+"""The Mosaic GPU (Hopper) decode kernel."""
