@@ -5,7 +5,7 @@
            medians, and a two-sided significance test (Mann-Whitney, or a permutation test
            without scipy) per config.
   fit:     times `decode` at forced split counts over a (num_seqs, H, K, S) sweep and fits the
-           planner's latency model (src/jax_mla/_src/latency_fit.py) by least squares; writes the
+           planner's latency model (benchmarks/timing/latency_fit.py) by least squares; writes the
            per-arch JSON table (`--out`), loadable with latency_fit.load_table into
            planner.LATENCY_MODEL_COEFFS.
 
@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mla
-from jax_mla._src import backends, latency_fit, timing_stats
+from jax_mla._src import backends
+from timing import latency_fit, timing_stats
 
 
 def problem(num_seqs, num_heads, kv_len, pool_rows=65536, seed=0):

@@ -23,7 +23,7 @@ is measured alone ("idx upd" column: 13-25 us per step on the H200) and NOT subt
 shapes are dominated by it, for every implementation alike. Implementations are interleaved
 within each round; the result is the median over rounds. With `--timing profiler` each round
 instead runs the loop once under the JAX profiler and takes the time in which the GPU's
-streams ran anything, per step (benchmarks/device_time.py): the gaps between the loop's
+streams ran anything, per step (benchmarks/timing/device_time.py): the gaps between the loop's
 iterations drop out, its index update and kept element stay (about 1.7 us per step on the
 H200, against 13-25 us of host-clock gaps). Its rounds agreed within 1% on the H200
 (2026-12-03). `--kernels` adds each implementation's device time per call by kernel name.
@@ -45,18 +45,16 @@ import os
 import platform as pyplatform
 import statistics
 import subprocess
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-import jax_mla  # noqa: E402  pylint: disable=wrong-import-position
-from jax_mla._src import layout  # noqa: E402  pylint: disable=wrong-import-position
-from jax_mla._src.pallas import triton as pd  # noqa: E402  pylint: disable=wrong-import-position
-import device_time  # noqa: E402  pylint: disable=wrong-import-position  (beside this script)
+import jax_mla
+from jax_mla._src import layout
+from jax_mla._src.pallas import triton as pd
+from timing import device_time
 
 POOL = 65536
 INTERPRET = False

@@ -1,5 +1,5 @@
-"""benchmarks/device_time.py on CPU: the GPU busy time of a synthetic trace (the union of the
-stream lines' intervals, derived lines ignored), and the error where a trace has no GPU."""
+"""benchmarks/timing/device_time.py on CPU: the GPU busy time of a synthetic trace (the union of
+the stream lines' intervals, derived lines ignored), and the error where a trace has no GPU."""
 
 import gzip
 import json
@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-import device_time
+from timing import device_time
 
 
 def meta(pid, tid, process, thread):

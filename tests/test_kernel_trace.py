@@ -3,7 +3,7 @@
 
 import pytest
 
-import kernel_trace
+from timing import kernel_trace
 
 ROLES = {0: "consumer", 1: "consumer", 2: "producer"}
 

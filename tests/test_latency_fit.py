@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from jax_mla._src import latency_fit, timing_stats
 from jax_mla._src.aiter import planner
-from jax_mla._src.latency_fit import Measurement
+from timing import latency_fit, timing_stats
+from timing.latency_fit import Measurement
 
 TRUE = planner.LatencyCoeffs(wave_us=4.0, tile_us=0.35, partial_us=0.8, merge_us=3.0,
                              default_kv_len=4096)
