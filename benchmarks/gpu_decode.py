@@ -8,7 +8,8 @@ Usage: python benchmarks/gpu_decode.py
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
 reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic, the default
-config, and variants of it; benchmarks/NOTES-pallas.md says what each is).
+config, and variants of it; the comments there say what each is, benchmarks/README.md what
+they measured).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -148,7 +149,7 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
 
 # The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name. (Designs
 # measured slower and removed from the kernel are named in mosaic_direct's docstring and in
-# NOTES-pallas.md.)
+# benchmarks/README.md.)
 _UNPAIRED = {"pair_row_blocks": False}
 MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
                 "mosaic_fill": {"split_rule": "fill"},

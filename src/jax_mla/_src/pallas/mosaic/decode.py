@@ -2,7 +2,7 @@
 
 `jax_mla.decode(..., backend="pallas")` (and "auto" on a GPU) runs it on sm90 GPUs
 (pallas_backend); it lowers on any machine (checked in CI) and passes the oracle tests on an
-H200; benchmarks/NOTES-pallas.md has its speed.
+H200; benchmarks/README.md has its speed.
 
 One CTA per (sequence, block of 64 query rows, KV split) with three warpgroups: the kernel is
 mosaic_direct's (the producer gathers and dequantizes rows from global memory itself,

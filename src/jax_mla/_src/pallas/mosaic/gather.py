@@ -4,7 +4,7 @@ swizzled bf16 K tile: every thread loads, dequantizes and stores its share of th
 The producer of mosaic_direct. Pallas's loads read global memory only as slices
 shared by a whole warpgroup, so the first ("staged") design, removed on 2026-12-03, copied each
 gathered row into shared memory with a bulk copy first (40 KB per block), and that staging left
-no room for a second K tile (benchmarks/NOTES-pallas.md). This does the gather the
+no room for a second K tile (benchmarks/README.md). This does the gather the
 way FlashMLA's sm90 kernel does, with per-thread 16-byte loads, written in Mosaic GPU's
 lower-level IR through `plgpu.inline_mgpu` (inline PTX for the loads, the fp8 conversions and
 the shared-memory stores). On the H200 (2026-12-03) the tile matched numpy bit for bit, at

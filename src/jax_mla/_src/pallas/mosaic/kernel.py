@@ -2,7 +2,7 @@
 gathers and dequantizes rows from global memory itself, so two bf16 K tiles fit in shared
 memory and the three warpgroups overlap. Passes the GPU tests of tests/test_mosaic.py on the
 H200; at 128 heads, batch 64-128 it is 3.0 to 3.3 times plain XLA in GPU busy time per call
-(2026-12-03; benchmarks/NOTES-pallas.md).
+(2026-12-03; benchmarks/README.md).
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
 
@@ -19,7 +19,7 @@ So the dequantization of block n + 1 runs beside the MMAs of block n, and warpgr
 beside warpgroup 0's next QK. Shared memory: Q 64 KB + K 2 x 64 KB + P 8 KB = 200 KB.
 
 Other divisions of the consumers' work lost on the H200 and were removed (2026-12-04, also because
-their register-fragment stores no longer lower on jax 0.12); benchmarks/NOTES-pallas.md has the
+their register-fragment stores no longer lower on jax 0.12); benchmarks/README.md has the
 measurements, 128 heads, B 128, K 2048: warpgroup 0 handing warpgroup 1 S in f32, both running the
 softmax ("s_exchange": 296.9 against 277.0 us unpaired); either with the next block's QK issued
 before this block's softmax ("qk_ahead": 443.8, and 381.2 against 249.5 paired: ptxas spilled);
@@ -94,7 +94,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   operands before its loop ends, and warpgroup 1 writes only after ml_full, which warpgroup 0
   arrives on after its loop (and after writing Q, with inputs_in_kernel). (The f32 partials of
   several splits went the same way, through an f32 tile laid over the dead K tiles: no faster
-  on the H200, 2026-12-03, so removed; benchmarks/NOTES-pallas.md.)"""
+  on the H200, 2026-12-03, so removed; benchmarks/README.md.)"""
   if inputs_in_kernel:
     q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   else:
