@@ -3,7 +3,6 @@ the stream lines' intervals, derived lines ignored), and the error where a trace
 
 import gzip
 import json
-import pathlib
 
 import pytest
 

@@ -7,7 +7,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jax_mla._src.aiter.persistent import TARGET, decode_persistent

@@ -1,7 +1,6 @@
 """The public decode_persistent: backend choice, sink=None, and agreement between backends."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

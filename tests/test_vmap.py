@@ -11,7 +11,6 @@ import pytest
 from support.compare import assert_bit_identical, assert_close
 from support.rows import equal_width_batches, make_batch
 import jax_mla
-from jax_mla._src.aiter import persistent as persistent_kernel
 from jax_mla._src.aiter import split as split_kernel
 from jax_mla._src.aiter.persistent import decode_persistent
 from jax_mla._src.aiter.split import split_decode

@@ -22,7 +22,6 @@ from typing import Callable
 
 import jax
 
-from jax_mla._src import platform
 
 Layouts = tuple[tuple[int, int], ...] | None
 

@@ -71,7 +71,9 @@ def reference_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tok
           jnp.zeros((num_seqs, rows_per_seq, layout.HEAD_DIM), jnp.float32))
   m, l, acc = jax.lax.fori_loop(0, num_chunks, body, init)
 
-  seen = l > 0
+  # Whether the sequence has entries, not l > 0: a NaN in a used row makes l NaN, and the
+  # sequence must come out NaN, not empty.
+  seen = jnp.broadcast_to((lengths > 0)[:, None], l.shape)
   m_safe = jnp.where(seen, m, 0.0)
   lse = jnp.logaddexp(jnp.where(seen, m_safe + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf),
                       sink_rows)

@@ -127,7 +127,9 @@ def _merge_impl(partials, partial_lse, valid_split_count, kv_indptr, sink, *, to
   w = jnp.where(mask, jnp.where(lse == m, 1.0, jnp.exp(lse - m)), 0.0)
   num = jnp.sum(jnp.where(mask[..., None], w[..., None] * partials, 0.0), axis=1)
   den = jnp.sum(w, axis=1)  # [T, H]
-  has_split = den > 0
+  # Whether any split holds entries, not den > 0: a NaN in a used row makes den NaN, and the
+  # sequence must come out NaN, not empty.
+  has_split = jnp.broadcast_to((valid > 0)[:, None], den.shape)
   out = jnp.where(has_split[..., None], num / jnp.where(has_split, den, 1.0)[..., None], 0.0)
   lse_out = jnp.where(has_split, m[:, 0, :] + jnp.log(jnp.where(has_split, den, 1.0)),
                       sink.astype(jnp.float32)[None, :])
