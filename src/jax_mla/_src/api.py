@@ -21,6 +21,7 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *, tokens_p
     kv_rope: bf16 `[R, 64]`.
     kv_indptr: int32 `[num_seqs + 1]`; sequence b attends to
       `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]` (token-level rows of the pool, page size 1).
+      `num_seqs` may be 0 (empty results, nothing launched).
     kv_indices: int32 `[L]`, at least `kv_indptr[-1]` entries; entries past it are never read.
     sink: optional f32 `[H]` attention-sink logits (join the softmax denominator only); `-inf`
       means no sink for that head, `+inf` gives an all-zero output.
