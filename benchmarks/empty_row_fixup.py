@@ -9,13 +9,13 @@ figures quoted in docs/workspace.md and docs/split_path.md came from this measur
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_mla._src.aiter import empty_rows
+from timing import host_clock
 
 
 def main():
@@ -38,13 +38,13 @@ def main():
            "select": fixed("select"), "scatter": fixed("scatter")}
     state = {name: (jnp.ones((n, h, 512), jnp.bfloat16), jnp.ones((n, h), jnp.float32))
              for name in fns}
-    times = {name: [] for name in fns}
-    for r in range(args.rounds + 2):  # two warm-up rounds
-      for name, fn in fns.items():
-        t0 = time.perf_counter()
-        state[name] = jax.block_until_ready(fn(*state[name], indptr))
-        if r >= 2:
-          times[name].append(time.perf_counter() - t0)
+
+    def step(name):  # each call donates its buffers and keeps the results for the next
+      def call():
+        state[name] = fns[name](*state[name], indptr)
+        return state[name]
+      return call
+    times = host_clock.interleaved({name: step(name) for name in fns}, args.rounds, warmup=2)
     mib = n * h * 512 * 2 / 2**20
     print(f"N={n}, H={h} (out {mib:.0f} MiB), {int((k == 0).sum())} empty rows, "
           f"{args.rounds} rounds:")

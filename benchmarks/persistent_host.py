@@ -9,7 +9,6 @@ against the pure-JAX reference. Medians of interleaved rounds of jitted calls (a
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ import numpy as np
 
 import jax_mla
 from jax_mla._src.aiter.persistent import decode_persistent_raw
+from timing import host_clock
 
 HEADS = 128  # decode_persistent's only head count
 
@@ -61,14 +61,7 @@ def main():
   if not args.no_reference:
     ref = jax.jit(lambda *a: jax_mla.decode(*a, backend="reference"))
     variants["reference"] = lambda: ref(*inputs)
-  times = {k: [] for k in variants}
-  for fn in variants.values():
-    jax.block_until_ready(fn())
-  for _ in range(args.rounds):
-    for name, fn in variants.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - t0)
+  times = host_clock.interleaved(variants, args.rounds)
   print(f"N={args.rows} H={HEADS} K={args.kv} empty={args.empty:.0%} P={args.partitions} "
         f"rounds={args.rounds}")
   for name, t in times.items():
