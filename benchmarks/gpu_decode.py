@@ -7,9 +7,7 @@ Usage: python benchmarks/gpu_decode.py
          [--out benchmarks/results/NAME]
 
 Implementations: pallas (the Triton-lowered kernel; --configs for its variants), plain,
-reference, and the Mosaic GPU kernel's variants named in MOSAIC_IMPLS (mosaic, the default
-config, and variants of it; the comments there say what each is, benchmarks/README.md what
-they measured).
+reference, and mosaic (the Mosaic GPU kernel, what backend="pallas" runs on Hopper).
 
 Cost on the H200 (2026-12-02): about 3 s per (shape, implementation), mostly compilation, so
 `--suite h128` with the default impls takes about 4 minutes and `--suite others` about 5; run
@@ -138,36 +136,17 @@ def decode_fn(impl, *, tokens_per_seq, config=None):
                                            interpret=INTERPRET)[0]
   if impl in MOSAIC_IMPLS:
     from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
-    cfg = md.MosaicConfig(**MOSAIC_IMPLS[impl])
     return lambda p, idx: md.mosaic_decode(p["q"], p["q_rope"], p["kv"], p["kv_rope"],
                                            p["indptr"], idx.reshape(-1), p["sink"],
-                                           tokens_per_seq=tokens_per_seq, config=cfg)[0]
+                                           tokens_per_seq=tokens_per_seq)[0]
   if impl == "index_update":
     return lambda p, idx: idx
   raise ValueError(impl)
 
 
-# The Mosaic GPU kernel's variants (MosaicConfig fields) by implementation name. (Designs
-# measured slower and removed from the kernel are named in mosaic_direct's docstring and in
-# benchmarks/README.md.)
-_UNPAIRED = {"pair_row_blocks": False}
-MOSAIC_IMPLS = {"mosaic": {}, "mosaic_unpaired": _UNPAIRED,
-                "mosaic_fill": {"split_rule": "fill"},
-                "mosaic_exact": {"approx_math": False},
-                "mosaic_xla_inputs": {"inputs_in_kernel": False},
-                # Register splits (warpgroups 0, 1, producer) other than mosaic_direct.REGISTERS.
-                "mosaic_regs_224_168_112": {"direct_registers": (224, 168, 112)},
-                "mosaic_regs_208_176_120": {"direct_registers": (208, 176, 120)},
-                # Fewer, longer splits: at batch 1 each split's f32 partial (128 KB per CTA)
-                # and the merge may cost more than the steps they spread.
-                "mosaic_splits_128": {"min_split_entries": 128},
-                "mosaic_splits_256": {"min_split_entries": 256},
-                # The partials merged always by one Pallas kernel, or always by XLA (the
-                # default, "auto", picks by the split count).
-                "mosaic_merge_kernel": {"merge": "kernel"},
-                "mosaic_merge_xla": {"merge": "xla"},
-                "mosaic_merge_kernel_splits_128": {"merge": "kernel", "min_split_entries": 128}}
-
+# The Mosaic GPU kernel, by implementation name (its alternatives that lost, with their figures:
+# benchmarks/README.md; their code: the history).
+MOSAIC_IMPLS = ("mosaic",)
 
 
 def looped(f, steps):

@@ -146,7 +146,7 @@ def test_return_lse_false_gives_the_same_out(backend):
   check_oracle(batch, out, lse)
 
 
-# --- sinks and rows without entries ----------------------------------------------------------------
+# --- sinks and rows without entries ---------------------------------------------------------------
 
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("sink", ["none", "finite", "per_head"])
@@ -173,7 +173,7 @@ def test_a_plus_inf_sink_gives_zero_out(backend):
   np.testing.assert_array_equal(lse, np.full_like(lse, np.inf))
 
 
-# --- what is never read, and NaN --------------------------------------------------------------------
+# --- what is never read, and NaN ------------------------------------------------------------------
 
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("where", ["kv", "q"])
@@ -221,7 +221,7 @@ def test_a_nan_in_a_used_row_makes_that_sequence_nan(backend, nan, api):
   assert_bit_identical("lse", lse[others], clean_lse[others], what="the sequences without NaN")
 
 
-# --- one executable; the persistent API; layouts not served -----------------------------------------
+# --- one executable; the persistent API; layouts not served ---------------------------------------
 
 def test_one_executable_serves_every_set_of_lengths(backend):
   rng = np.random.default_rng(10)

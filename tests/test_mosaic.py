@@ -30,42 +30,15 @@ def _hopper():
 
 GPU = pytest.mark.skipif(not _hopper(), reason=f"needs an sm90 (Hopper) GPU; the default "
                          f"backend is {jax.default_backend()!r}")
-SINKS = {"none": None, "neg_inf": -np.inf, "finite": 0.75, "large": 60.0, "pos_inf": np.inf}
-
-
-# The kernel's variants (see MosaicConfig). The first is the default.
-UNPAIRED = dict(pair_row_blocks=False)
-CONFIGS = {
-    # paired CTAs, inputs read in the kernel
-    "default": md.MosaicConfig(),
-    "unpaired": md.MosaicConfig(**UNPAIRED),
-    "fill_split_rule": md.MosaicConfig(split_rule="fill"),
-    "exact_math": md.MosaicConfig(approx_math=False),
-    "xla_inputs": md.MosaicConfig(inputs_in_kernel=False),
-    "merge_kernel": md.MosaicConfig(merge="kernel"),
-    "merge_xla": md.MosaicConfig(merge="xla"),
-}
-# Each path of the kernel runs the contract tests below (sinks, indices, poison, NaN, empty
-# rows): at 128 heads where its CTAs are paired (two row blocks), else at 64.
-DESIGNS = {"direct": "default", "direct_unpaired": "unpaired", "direct_xla_inputs": "xla_inputs",
-           "direct_merge_kernel": "merge_kernel"}
-
-
-def heads(design):
-  config = CONFIGS[DESIGNS[design]]
-  return 128 if config.pair_row_blocks is not False else 64
-
-
 @functools.lru_cache(maxsize=None)
-def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True, config="default"):
+def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True):
   return jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                                   num_kv_splits_=num_kv_splits, return_lse=return_lse,
-                                   config=CONFIGS[config]))
+                                   num_kv_splits_=num_kv_splits, return_lse=return_lse))
 
 
-def run(batch, num_kv_splits=None, return_lse=True, config="default"):
+def run(batch, num_kv_splits=None, return_lse=True):
   args = [*batch.args()[:-1], batch.sink_array()]
-  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse, config)(*args)
+  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse)(*args)
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
 
 
@@ -78,54 +51,43 @@ def check_against_oracle(batch, out, lse):
   assert_bf16_decode_close(out, lse, *oracle_decode(*batch.args(), batch.tokens_per_seq))
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", [
-    (16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None)])
-def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits, config):
+# (heads, tokens, lengths, splits): 128 heads pair their CTAs, 64 and 16 x 4 do not; 40 splits
+# take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none.
+SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
+          (128, 1, [300, 0, 2500], 40)]
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
+def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits):
   args = abstract_args(make_batch(np.random.default_rng(1), num_heads=num_heads,
                                   tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3))
-  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                         num_kv_splits_=splits, config=CONFIGS[config])
-  exported = export_for(fn, "cuda", *args,
-                        custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"])
-  assert "mosaic_gpu" in exported.mlir_module()
-  if splits is not None:  # (the planner makes one split for the 128-head batch here)
-    merged_by_kernel = splits > 1 and CONFIGS[config].merge == "kernel"  # (auto: xla here)
-    assert ("jax_mla_merge_partials" in exported.mlir_module()) == merged_by_kernel
-
-
-@pytest.mark.parametrize("bad,match", [
-    (dict(split_rule="even"), r"split_rule must be one of \('fill', 'waves'\), got 'even'"),
-    (dict(direct_registers=(240, 160, 152)), "direct_registers must be three multiples of 8"),
-    (dict(direct_registers=(200, 196, 96)), "direct_registers must be three multiples of 8"),
-    (dict(merge="triton"), r"merge must be one of \('auto', 'xla', 'kernel'\), got 'triton'")])
-def test_bad_config_values_raise(bad, match):
-  batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[3])
-  with pytest.raises(ValueError, match=match):
-    md.mosaic_decode(*batch.args(), tokens_per_seq=1, config=md.MosaicConfig(**bad))
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=splits)
+  module = export_for(fn, "cuda", *args,
+                      custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  assert "mosaic_gpu" in module
+  assert ("jax_mla_merge_partials" in module) == (splits == 40)
 
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
-@pytest.mark.parametrize("splits", [1, None], ids=["one_split", "planned"])
-def test_matches_oracle_over_heads_and_tokens(num_heads, tokens_per_seq, splits, config):
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
+def test_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits):
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
-  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
-                     lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
-  out, lse = run(batch, num_kv_splits=splits, config=config)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
+                     pool_rows=4096, sink=0.3, extra_indices=7)
+  out, lse = run(batch, num_kv_splits=splits)
   check_against_oracle(batch, out, lse)
 
 
 @pytest.mark.gpu
 @GPU
 @pytest.mark.parametrize("pattern", ["random", "same", "last"])
-@pytest.mark.parametrize("design", list(DESIGNS))
-def test_repeated_and_unsorted_indices(pattern, design):
+@pytest.mark.parametrize("num_heads", [64, 128])
+def test_repeated_and_unsorted_indices(pattern, num_heads):
   rng = np.random.default_rng(len(pattern))
-  batch = make_batch(rng, num_heads=heads(design), lengths=[70, 3, 129], sink=0.1, index_pattern=pattern)
-  out, lse = run(batch, num_kv_splits=2, config=DESIGNS[design])
+  batch = make_batch(rng, num_heads=num_heads, lengths=[70, 3, 129], sink=0.1,
+                     index_pattern=pattern)
+  out, lse = run(batch, num_kv_splits=2)
   check_against_oracle(batch, out, lse)
 
 

@@ -18,7 +18,8 @@ def split_layouts() -> tuple[tuple[int, int], ...]:
   """(heads, tokens_per_seq) the split path serves: the nm kernel's (the manifest's `serves`)
   and the padded head counts."""
   served = manifest.kernel(SPLIT_KERNEL).serves
-  padded = tuple((h, m) for h, target in split.PADDED_HEADS.items() for g, m in served if g == target)
+  padded = tuple((h, m) for h, target in split.PADDED_HEADS.items()
+                 for g, m in served if g == target)
   return tuple(sorted(served + padded))
 
 

@@ -72,7 +72,8 @@ def decode_persistent_raw(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, w
                           fill_unwritten_nan=False):
   """decode_persistent with its test switches: fix_empty_rows=False returns the kernel's output
   as is (rows with K = 0 unwritten), "select"/"scatter" force one fix-up method (True picks by
-  backend: select on host, scatter on gfx950); fill_unwritten_nan=True (host only) makes the unwritten rows NaN first."""
+  backend: select on host, scatter on gfx950); fill_unwritten_nan=True (host only) makes the
+  unwritten rows NaN first."""
   _check_static(return_lse, backend, fill_unwritten_nan)
   n = checks.check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                    workspace)

@@ -2,7 +2,7 @@
 
 On an sm90 (Hopper) CUDA GPU the Mosaic GPU kernel (`mosaic_decode`: wgmma, TMA, warp
 specialization); on other CUDA GPUs and on ROCm GPUs the Triton-lowered kernel
-(`pallas_decode`). `"auto"` picks it on GPUs without verified gfx950 code objects (its speed
+(`pallas.triton`). `"auto"` picks it on GPUs without verified gfx950 code objects (its speed
 floor, 3x plain XLA at batch >= 64 and no slower anywhere, held at every shape measured on an
 H200, 2026-12-03: benchmarks/README.md). Both kernels hold the decode contracts (lse with
 the sink, empty rows, padding never read, one executable for every set of lengths).

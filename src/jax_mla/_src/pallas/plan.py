@@ -68,7 +68,7 @@ def sink_rows(sink, tokens_per_seq: int, padded_rows: int):
 
 def result_types(num_seqs: int, num_splits: int, padded_rows: int):
   """The kernels' outputs: with one split the final bf16 out [B, R, 512] and lse [B, R]; with
-  more the f32 partials [B, S, R, 512] and their lse [B, S, R], for `pallas_merge`."""
+  more the f32 partials [B, S, R, 512] and their lse [B, S, R], for `pallas.merge`."""
   if num_splits == 1:
     return (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
             jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))

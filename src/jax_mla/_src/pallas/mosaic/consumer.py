@@ -1,4 +1,4 @@
-"""The Mosaic GPU decode kernel's consumer math (mosaic_direct): the online softmax step with
+"""The Mosaic GPU decode kernel's consumer math (mosaic.kernel): the online softmax step with
 the split's length mask, and the epilogue that writes a warpgroup's half of the output and the
 lse."""
 
@@ -63,7 +63,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
                   lse_ref, stage_smem=None):
   """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and
   its m and l; half 0 also writes the lse. With one split: final bf16, sink and empty rows
-  applied; with more: the softmax-normalized f32 partial and its lse for pallas_merge.
+  applied; with more: the softmax-normalized f32 partial and its lse for pallas.merge.
 
   stage_smem: a [64, 256] shared-memory tile this warpgroup may overwrite, of out_ref's dtype
   (bf16 with one split, f32 with more). The output goes through it and one TMA copy, instead

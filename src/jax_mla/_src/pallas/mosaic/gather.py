@@ -96,7 +96,7 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32
   (`plgpu.commit_smem`) and synchronizes before the tile is read. math: MATHS. clamp: indices
   are clamped into 0 .. N - 1 here (else the caller has).
 
-  pair: (rank, ready_ref, tile) when two CTAs of a cluster share the block (mosaic_pair):
+  pair: (rank, ready_ref, tile) when two CTAs of a cluster share the block (mosaic.pair):
   this one (rank 0 or 1 in the cluster) loads rows 32 rank .. 32 rank + 31 only and writes
   each into its own k_smem and, with st.async, into the same place of the peer's, whose
   barrier ready_ref[tile] counts the PEER_BYTES that land there."""

@@ -9,7 +9,7 @@ Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm9
 - warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_dequantize`
   (per-thread 16-byte loads, hardware fp8 conversion, scaled bf16 into the swizzled tile) into
   K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it. With
-  paired CTAs (mosaic_pair) it gathers half of each block into both CTAs' tiles.
+  paired CTAs (mosaic.pair) it gathers half of each block into both CTAs' tiles.
 - warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), the online softmax,
   P (bf16) and the row factors into shared memory for warpgroup 1, O[:, :256] += P V[:, :256].
 - warpgroup 1: rescales its O[:, 256:] by the factors and adds P V[:, 256:], P read from
@@ -49,7 +49,7 @@ REGISTERS = {0: 216, 1: 160, 2: 128}
 
 def scratch_types(pair=False):
   """The kernel's shared memory. Warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and
-  the row factors each step, and its final m and l at the end. pair (mosaic_pair): K tiles are
+  the row factors each step, and its final m and l at the end. pair (mosaic.pair): K tiles are
   filled by both CTAs of a cluster, so `ready` (PTX-driven barriers) replaces k_full, and
   k_free counts both CTAs' consumers."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
@@ -58,7 +58,6 @@ def scratch_types(pair=False):
   scratch = dict(
       q_smem=plgpu.SMEM((2, BLOCK_ROWS, HALF), jnp.bfloat16, transforms=swizzled),
       k_smem=k_tiles,
-      q_bar=plgpu.Barrier(num_arrivals=2),
   )
   scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
   scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
@@ -75,30 +74,25 @@ def scratch_types(pair=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits, rows,
-           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None,
-           inputs_in_kernel=False, pair=False, registers=None):
-  """refs: q_ref (bf16 [B, padded rows, 512]), kv_ref, rope_ref, sink_ref, out_ref, lse_ref;
-  with inputs_in_kernel, q_ref and q_rope_ref (the packed fp8 Q as rows [T * H, 512] uint8
-  and [T * H, 64] bf16) in q_ref's place. rows: query rows per sequence.
+def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
+           *, q_smem, k_smem, k_free, num_splits, rows, s_full, s_free, p_smem, rows_smem,
+           ml_full, k_full=None, ready=None, pair=False):
+  """q_ref, q_rope_ref: the packed fp8 Q as rows [T * H, 512] uint8 and [T * H, 64] bf16;
+  rows: query rows per sequence.
 
-  s_full / s_free guard P and the row factors; warpgroup 1 takes m and l from warpgroup 0 at
-  the end. inputs_in_kernel (MosaicConfig.inputs_in_kernel): warpgroup 0 dequantizes its Q
-  block from the packed rows itself, and the producer clamps the indices, so the call needs no
-  XLA passes over Q and the indices first. pair (mosaic_pair): the grid's "rows" axis counts
-  pairs of row blocks, the cluster axis "pair" picks one of the two, and the two CTAs share
-  each block's gather. MosaicConfig has the speeds.
+  Warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps the
+  indices, so the call needs no XLA passes over Q and the indices first. s_full / s_free guard
+  P and the row factors; warpgroup 1 takes m and l from warpgroup 0 at the end. pair
+  (mosaic.pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
+  picks one of the two, and the two CTAs share each block's gather. mosaic.decode has the
+  speeds.
 
   With one split each consumer writes its bf16 half of the output through its half of q_smem
   and a TMA copy. Safe because warpgroup 1 never reads Q, warpgroup 0 has read its last QK's
   operands before its loop ends, and warpgroup 1 writes only after ml_full, which warpgroup 0
-  arrives on after its loop (and after writing Q, with inputs_in_kernel). (The f32 partials of
+  arrives on after its loop (and after writing Q). (The f32 partials of
   several splits went the same way, through an f32 tile laid over the dead K tiles: no faster
   on the H200, 2026-12-03, so removed; benchmarks/README.md.)"""
-  if inputs_in_kernel:
-    q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
-  else:
-    q_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref = refs
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   seq = lax.axis_index("seq")
   if pair:
@@ -113,14 +107,13 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             BLOCK_KV)
   steps = chunk_hi - chunk_lo
-  registers = REGISTERS if registers is None else dict(enumerate(registers))
 
   def set_registers(role):
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
     # instruction.
     share = mosaic_consumer.LAUNCH_REGISTERS // 3
-    plgpu.set_max_registers(registers[role],
-                            action="increase" if registers[role] > share else "decrease")
+    plgpu.set_max_registers(REGISTERS[role],
+                            action="increase" if REGISTERS[role] > share else "decrease")
 
   @pl.when(wg == 2)
   def _producer():
@@ -138,7 +131,7 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
       first = (chunk_lo + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
       mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile], clamp=inputs_in_kernel,
+                                      num_valid, k_smem.at[tile], clamp=True,
                                       pair=(rank, ready, tile) if pair else None)
       if pair:
         mosaic_pair.arrive_filled(ready, tile)
@@ -242,15 +235,9 @@ def kernel(indptr_ref, idx_ref, *refs, q_smem, k_smem, q_bar, k_free, num_splits
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
-    if inputs_in_kernel:
-      mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
-                                       jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
-      plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
-    else:
-      for h in range(2):  # a TMA box is at most 256 elements along each dimension
-        plgpu.copy_gmem_to_smem(q_ref.at[seq, pl.ds(row0, BLOCK_ROWS), pl.ds(h * HALF, HALF)],
-                                q_smem.at[h], q_bar)
-      plgpu.barrier_wait(q_bar)
+    mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+                                     jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+    plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
     softmax_for_both()
 
   @pl.when(wg == 1)

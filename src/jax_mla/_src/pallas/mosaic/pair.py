@@ -1,11 +1,11 @@
-"""Two CTAs of a cluster sharing the gather (MosaicConfig.pair_row_blocks): at 128 query rows
-per sequence the two 64-row blocks read the same KV rows, so each producer gathers and
-dequantizes half of every block and writes it into both CTAs' K tiles (FlashMLA's sm90 kernel
-pairs its two head blocks the same way). Passes the GPU tests on the H200; with the
-"p_exchange" consumers it is 10% faster there than the unpaired kernel (2026-12-03;
-MosaicConfig.pair_row_blocks has the figures).
+"""Two CTAs of a cluster sharing the gather (whenever the 64-row blocks are even in number): at
+128 query rows per sequence the two 64-row blocks read the same KV rows, so each producer
+gathers and dequantizes half of every block and writes it into both CTAs' K tiles (FlashMLA's
+sm90 kernel pairs its two head blocks the same way). Passes the GPU tests on the H200, and is
+10% faster there than the unpaired kernel (2026-12-03: 246.8 against 277.0 us at 128 heads,
+B 128, K 2048; benchmarks/README.md).
 
-The peer's half arrives by `st.async` (mosaic_gather's pair mode), which counts its bytes on an
+The peer's half arrives by `st.async` (mosaic.gather's pair mode), which counts its bytes on an
 mbarrier of the receiving CTA, as a TMA copy does. Pallas does not expose its barriers'
 addresses to inline PTX, so those "ready" barriers live in a plain int32 SMEM scratch
 (ready_barriers) and are driven here in PTX: per K tile one barrier that completes when this
