@@ -92,17 +92,13 @@ def plain_xla_decode(q, q_rope, kv, kv_rope, indices, sink, *, tokens_per_seq):
 
 
 def parse_config(text: str) -> pd.KernelConfig:
-  """'64x64w8s2[-rows][-xla][-pf][-f8][-msN]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
-  row_split "rows" (default "tiles"), q_dequant "xla" (default "kernel"), prefetch, QK in fp8,
-  min_split_entries N."""
+  """'64x64w8s2[-msN]' -> block_rows 64, block_kv 64, num_warps 8, num_stages 2,
+  min_split_entries N (default 256)."""
   base, *flags = text.split("-")
   rows, rest = base.split("x")
   kv, rest = rest.split("w")
   warps, stages = rest.split("s")
   return pd.KernelConfig(int(rows), int(kv), int(warps), int(stages),
-                         row_split="rows" if "rows" in flags else "tiles",
-                         q_dequant="xla" if "xla" in flags else "kernel",
-                         prefetch="pf" in flags, qk_fp8="f8" in flags,
                          min_split_entries=next((int(f[2:]) for f in flags if f.startswith("ms")),
                                                 256))
 

@@ -138,21 +138,10 @@ def test_out_of_range_indices_are_clamped_like_the_reference(mode):
   assert_close("lse", lse, np.asarray(want_lse), atol=1e-4, rtol=1e-5, cos_tol=None)
 
 
-EXPERIMENTAL_CONFIGS = {
-    "prefetch": pd.KernelConfig(prefetch=True),
-    "qk_fp8": pd.KernelConfig(qk_fp8=True),
-    "qk_fp8_prefetch": pd.KernelConfig(qk_fp8=True, prefetch=True),
-    "rows_bk32": pd.KernelConfig(block_kv=32, row_split="rows"),
-    "q_xla": pd.KernelConfig(q_dequant="xla"),
-}
-
-
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(EXPERIMENTAL_CONFIGS))
-def test_kernel_variants_match_the_oracle(mode, name):
-  """The non-default kernel variants (benchmark candidates) compute the same function, with
-  poisoned padding, an empty row, a short row and a split merge. As of 2026-12-02 only
-  "rows_bk32" and "q_xla" have been compiled on a GPU (timed in the H200 sweeps, not tested)."""
+def test_smaller_kv_blocks_match_the_oracle(mode):
+  """A non-default block size (KernelConfig's tuning surface for GPUs not yet measured) computes
+  the same function, with poisoned padding, an empty row, a short row and a split merge."""
   rng = np.random.default_rng(15)
   batch = make_batch(rng, num_heads=64, lengths=[5, 0, 150], sink=0.3, extra_indices=5)
   batch.q = poison_padding(batch.q, "ff")
@@ -160,14 +149,5 @@ def test_kernel_variants_match_the_oracle(mode, name):
   for splits in (1, 2):
     out, lse = pd.pallas_decode(*[jnp.asarray(a) for a in batch.args()], tokens_per_seq=1,
                                 num_kv_splits=splits, interpret=(mode == "interpret"),
-                                config=EXPERIMENTAL_CONFIGS[name])
+                                config=pd.KernelConfig(block_rows=32, block_kv=32))
     check_against_oracle(batch, np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse))
-
-
-def test_variant_combinations_that_do_not_exist_raise():
-  batch = make_batch(np.random.default_rng(16), num_heads=16, lengths=[3])
-  args = [jnp.asarray(a) for a in batch.args()[:-1]] + [jnp.zeros((16,), jnp.float32)]
-  for config in (pd.KernelConfig(row_split="rows", prefetch=True),
-                 pd.KernelConfig(qk_fp8=True, q_dequant="xla")):
-    with pytest.raises(ValueError):
-      pd.pallas_decode(*args, tokens_per_seq=1, interpret=True, config=config)

@@ -35,23 +35,15 @@ NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-  """Static tuning knobs.
-
-  block_rows: query rows per program (power of 2, >= 16); block_kv: KV entries per inner step
-  (power of 2, >= 16). row_split: "tiles" handles the 512 dims as 8 tiles of 64 (8 small MMAs
-  each way); "rows" as one 512-wide NoPE operand (columns 448.. zeroed) plus the 64-wide RoPE
-  (2 MMAs each way, the NoPE one N = 512). q_dequant: "kernel" dequantizes Q once per program
-  and keeps it on chip; "xla" takes Q already dequantized to bf16 by XLA (one small pass) and
-  loads it inside the KV loop, so the compiler can stage it in shared memory.
-  """
+  """Block sizes and Triton launch parameters; the defaults are the ones measured best on the
+  H200 (benchmarks/README.md). block_rows: query rows per program (power of 2, >= 16);
+  block_kv: KV entries per inner step (power of 2, >= 16). (Other designs of the kernel, a
+  512-wide NoPE operand, Q dequantized by XLA, a prefetch of the next block, QK in fp8, were
+  slower or no faster there and are in the history.)"""
   block_rows: int = 64
   block_kv: int = 64
   num_warps: int = 8
   num_stages: int = 2
-  row_split: str = "tiles"
-  q_dequant: str = "kernel"
-  prefetch: bool = False
-  qk_fp8: bool = False
   min_split_entries: int = 256
 
 
@@ -73,90 +65,27 @@ def _dot(a, b, *, transpose_b=False):
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _fetch_tiles(rows_ref, rope_ref, lead, rows):
-  """The raw bytes of packed rows `ref[*lead, rows]` (index array or slice): 7 fp8 tiles
-  [N, 64], their 7 scale bytes [N] and the RoPE [N, 64]."""
-  raws = tuple(rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(layout.NUM_TILES))
-  # The first copy of each scale only; bytes 462.. (padding) are never touched.
-  scales = tuple(rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)]
-                 for t in range(layout.NUM_TILES))
-  return raws, scales, rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
-
-
-def _decode_tiles(fetched):
-  """The 8 dequantized bf16 tiles [N, 64] of `_fetch_tiles`' bytes."""
-  raws, scales, rope = fetched
-  return [_dequant_tile(r, s) for r, s in zip(raws, scales)] + [rope.astype(jnp.bfloat16)]
-
-
 def _load_tiles(rows_ref, rope_ref, lead, rows):
-  return _decode_tiles(_fetch_tiles(rows_ref, rope_ref, lead, rows))
+  """The 8 dequantized bf16 tiles [N, 64] of packed rows `ref[*lead, rows]` (index array or
+  slice): the 7 fp8 NoPE tiles times their scales, then the RoPE."""
+  raws = [rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(layout.NUM_TILES)]
+  # The first copy of each scale only; bytes 462.. (padding) are never touched.
+  scales = [rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)] for t in range(layout.NUM_TILES)]
+  rope = rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
+  return [_dequant_tile(r, sc) for r, sc in zip(raws, scales)] + [rope.astype(jnp.bfloat16)]
 
 
-class _Tiles:
-  """The 512 dims as 8 pieces of 64 columns: (column, width) = (64 t, 64)."""
-  pieces = tuple((t * TILE, TILE) for t in range(NUM_TILES))
-
-  @staticmethod
-  def packed(rows_ref, rope_ref, lead, rows):
-    return _load_tiles(rows_ref, rope_ref, lead, rows)
-
-  @staticmethod
-  def bf16(full_ref, lead, rows):
-    return [full_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(NUM_TILES)]
+# The 512 dims as 8 pieces of 64 columns: (column, width) = (64 t, 64).
+PIECES = tuple((t * TILE, TILE) for t in range(NUM_TILES))
 
 
-def _row_ids(rows):
-  """Rows as an index array (masked loads in interpret mode need array indexers throughout)."""
-  if isinstance(rows, pl.Slice):
-    return rows.start + jnp.arange(rows.size, dtype=jnp.int32)
-  return rows
-
-
-class _Rows:
-  """The 512 dims as a 512-wide NoPE piece (columns 448.. are zero) and the 64-wide RoPE."""
-  pieces = ((0, layout.HEAD_DIM), (layout.NOPE_DIM, layout.ROPE_DIM))
-
-  @staticmethod
-  def packed(rows_ref, rope_ref, lead, rows):
-    from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
-    cols = jnp.arange(layout.HEAD_DIM, dtype=jnp.int32)
-    nope = cols < layout.NOPE_DIM
-    ids = _row_ids(rows)[:, None]
-    # A masked load: bytes 448.. (scales, padding) are never read as values.
-    raw = plgpu.load(rows_ref.at[(*lead, ids, cols[None, :])], mask=nope[None, :], other=0)
-    scale_cols = layout.SCALE_OFFSET + 2 * jnp.minimum(cols // TILE, layout.NUM_TILES - 1)
-    scale = rows_ref[(*lead, ids, scale_cols[None, :])]  # each column's tile scale
-    values = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).astype(jnp.float32)
-    values = jnp.where(nope[None, :], values * e8m0_to_f32(scale), 0.0)
-    rope = rope_ref[(*lead, rows, pl.ds(0, layout.ROPE_DIM))]
-    return [values.astype(jnp.bfloat16), rope.astype(jnp.bfloat16)]
-
-  @staticmethod
-  def bf16(full_ref, lead, rows):
-    from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
-    cols = jnp.arange(layout.HEAD_DIM, dtype=jnp.int32)
-    nope = cols < layout.NOPE_DIM
-    q_nope = plgpu.load(full_ref.at[(*lead, _row_ids(rows)[:, None], cols[None, :])],
-                        mask=nope[None, :], other=0)
-    return [q_nope, full_ref[(*lead, rows, pl.ds(layout.NOPE_DIM, layout.ROPE_DIM))]]
-
-
-def _store_pieces(ref, lead, rows, pieces, values):
-  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
-  for (col, width), value in zip(pieces, values):
-    value = value.astype(ref.dtype)
-    if width == layout.HEAD_DIM:  # the wide NoPE piece: columns 448.. belong to the RoPE piece
-      mask = jnp.arange(width, dtype=jnp.int32)[None, :] < layout.NOPE_DIM
-      cols = jnp.arange(width, dtype=jnp.int32)[None, :] + col
-      plgpu.store(ref.at[(*lead, _row_ids(rows)[:, None], cols)], value, mask=mask)
-    else:
-      ref[(*lead, rows, pl.ds(col, width))] = value
+def _store_pieces(ref, lead, rows, values):
+  for (col, width), value in zip(PIECES, values):
+    ref[(*lead, rows, pl.ds(col, width))] = value.astype(ref.dtype)
 
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
-                   *out_refs, block_rows, block_kv, num_splits, num_indices, num_kv_rows,
-                   split_kind, q_in_loop, prefetch, qk_fp8):
+                   *out_refs, block_rows, block_kv, num_splits, num_indices, num_kv_rows):
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -165,17 +94,8 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
                                             block_kv)
 
-  def load_q():
-    if q_in_loop:  # bf16 from XLA, loaded where it is used
-      return split_kind.bf16(q_ref, (seq,), q_rows)
-    return split_kind.packed(q_ref, q_rope_ref, (seq,), q_rows)
-
   # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
-  q_outside = None if q_in_loop else load_q()
-  if qk_fp8:  # Q's raw fp8 tiles and their f32 scales, for the fp8 QK
-    q_raws, q_scales, _ = _fetch_tiles(q_ref, q_rope_ref, (seq,), q_rows)
-    q_fp8 = [jax.lax.bitcast_convert_type(r, jnp.float8_e4m3fn) for r in q_raws]
-    q_scales = [e8m0_to_f32(sc) for sc in q_scales]
+  q_pieces = _load_tiles(q_ref, q_rope_ref, (seq,), q_rows)
 
   def block_rows_of(chunk):
     offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
@@ -188,30 +108,13 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     return valid, jnp.where(valid, rows, 0)
 
   def body(chunk, carry):
-    m, l, accs = carry[:3]
+    m, l, accs = carry
     valid, rows = block_rows_of(chunk)
-    if prefetch:  # this block's bytes came with the carry; start fetching the next block's
-      fetched = carry[3]
-      next_fetch = _fetch_tiles(kv_ref, kv_rope_ref, (), block_rows_of(chunk + 1)[1])
-    elif qk_fp8:
-      fetched = _fetch_tiles(kv_ref, kv_rope_ref, (), rows)
-    if prefetch or qk_fp8:
-      k_pieces = _decode_tiles(fetched)
-    else:
-      k_pieces = split_kind.packed(kv_ref, kv_rope_ref, (), rows)
+    k_pieces = _load_tiles(kv_ref, kv_rope_ref, (), rows)
     k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k)) for k in k_pieces]
-    q_pieces = load_q() if q_in_loop else q_outside
-    if qk_fp8:
-      # Masked lanes may hold anything here (row 0's bytes): the select below removes them.
-      raws, k_scales, _ = fetched
-      scores = _dot(q_pieces[-1], k_pieces[-1], transpose_b=True)  # RoPE, bf16
-      for qf, qs, raw, ks in zip(q_fp8, q_scales, raws, k_scales):
-        kf = jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn)
-        scores += _dot(qf, kf, transpose_b=True) * (qs[:, None] * e8m0_to_f32(ks)[None, :])
-    else:
-      scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
-      for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
-        scores += _dot(qp, kp, transpose_b=True)
+    scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
+    for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
+      scores += _dot(qp, kp, transpose_b=True)
     scores = jnp.where(valid[None, :], scores * SCORE_SCALE_LOG2, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
     alpha = jnp.exp2(m - m_new)
@@ -219,14 +122,12 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     l = l * alpha + jnp.sum(p, axis=1)
     p = p.astype(jnp.bfloat16)
     accs = tuple(acc * alpha[:, None] + _dot(p, kp) for acc, kp in zip(accs, k_pieces))
-    return (m_new, l, accs, next_fetch) if prefetch else (m_new, l, accs)
+    return m_new, l, accs
 
   init = (jnp.full((block_rows,), -jnp.inf, jnp.float32),
           jnp.zeros((block_rows,), jnp.float32),
-          tuple(jnp.zeros((block_rows, width), jnp.float32) for _, width in split_kind.pieces))
-  if prefetch:
-    init += (_fetch_tiles(kv_ref, kv_rope_ref, (), block_rows_of(chunk_lo)[1]),)
-  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)[:3]
+          tuple(jnp.zeros((block_rows, width), jnp.float32) for _, width in PIECES))
+  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)
 
   seen = l != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
   m_safe = jnp.where(seen, m, 0.0)
@@ -237,12 +138,12 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
     total2 = logaddexp2(lse2, sink2)
     # out = acc * 2^(m - total): a +inf sink gives 2^-inf = 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)[:, None]
-    _store_pieces(out_ref, (seq,), q_rows, split_kind.pieces, [acc * weight for acc in accs])
+    _store_pieces(out_ref, (seq,), q_rows, [acc * weight for acc in accs])
     lse_ref[seq, q_rows] = total2 * LN2
   else:
     part_ref, part_lse_ref = out_refs
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)[:, None]
-    _store_pieces(part_ref, (seq, split), q_rows, split_kind.pieces, [acc * inv_l for acc in accs])
+    _store_pieces(part_ref, (seq, split), q_rows, [acc * inv_l for acc in accs])
     part_lse_ref[seq, split, q_rows] = lse2 * LN2
 
 
@@ -261,7 +162,7 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     num_kv_splits: KV splits over the grid; None picks one from static shapes
       (`pallas_plan.num_kv_splits`).
     interpret: run the kernel in Pallas interpret mode (any backend, e.g. the CPU in tests).
-    config: block sizes and Triton knobs; None: the defaults.
+    config: block sizes and Triton launch parameters; None: the defaults.
 
   Returns:
     `(out bf16 [T, H, 512], lse f32 [T, H] or None)`; lse is the natural log of the softmax
@@ -284,18 +185,9 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if kv_indices.shape[0] == 0:  # the kernel needs one element to clamp to
     kv_indices = jnp.zeros((1,), jnp.int32)
 
-  if (config.prefetch or config.qk_fp8) and config.row_split != "tiles":
-    raise ValueError("prefetch and qk_fp8 are implemented for row_split='tiles' only")
-  if config.qk_fp8 and config.q_dequant != "kernel":
-    raise ValueError("qk_fp8 needs Q's fp8 bytes: q_dequant='kernel'")
-  q_in_loop = config.q_dequant == "xla"
-  if q_in_loop:  # Q dequantized by XLA: [B, R, 512] bf16 (NoPE then RoPE)
-    q3 = layout.unpack_rows(q3, q_rope3, jnp.bfloat16)
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      num_indices=kv_indices.shape[0], num_kv_rows=kv.shape[0], q_in_loop=q_in_loop,
-      prefetch=config.prefetch, qk_fp8=config.qk_fp8,
-      split_kind={"tiles": _Tiles, "rows": _Rows}[config.row_split])
+      num_indices=kv_indices.shape[0], num_kv_rows=kv.shape[0])
   extra = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
       kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
