@@ -37,9 +37,10 @@ NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 class KernelConfig:
   """Block sizes and Triton launch parameters; the defaults are the ones measured best on the
   H200 (benchmarks/README.md). block_rows: query rows per program (power of 2, >= 16);
-  block_kv: KV entries per inner step (power of 2, >= 16). (Other designs of the kernel, a
-  512-wide NoPE operand, Q dequantized by XLA, a prefetch of the next block, QK in fp8, were
-  slower or no faster there and are in the history.)"""
+  block_kv: KV entries per inner step (power of 2, >= 16). (Other designs of the kernel are in
+  the history: a 512-wide NoPE operand and Q dequantized by XLA were slower or no faster on the
+  H200; a prefetch of the next block and QK in fp8 were never timed on a GPU;
+  benchmarks/README.md.)"""
   block_rows: int = 64
   block_kv: int = 64
   num_warps: int = 8
