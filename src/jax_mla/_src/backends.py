@@ -15,7 +15,6 @@ Both receive arguments already checked by the public API (`api.py`), sink as f32
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import warnings
 from typing import Callable
@@ -28,7 +27,6 @@ Layouts = tuple[tuple[int, int], ...] | None
 
 def _entry(module: str, name: str, **bound) -> Callable:
   """`module.name` (with `bound` keywords), imported at the first call."""
-  @functools.wraps(_entry)
   def call(*args, **kwargs):
     return getattr(importlib.import_module(module), name)(*args, **bound, **kwargs)
   call.__name__ = call.__qualname__ = f"{module}.{name}"
@@ -46,13 +44,11 @@ def _any_layout() -> Layouts:
 @dataclasses.dataclass(frozen=True)
 class Backend:
   name: str
-  runs_on: str
   available: Callable[[], tuple[bool, str]]
   decode_layouts: Callable[[], Layouts]
   persistent_layouts: Callable[[], Layouts]
   decode: Callable
   decode_persistent: Callable
-  needs_gpu: bool = False
 
 
 def _always() -> tuple[bool, str]:
@@ -60,28 +56,23 @@ def _always() -> tuple[bool, str]:
 
 
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
-    Backend("gfx950", "ROCm, an MI355X with AMD's code objects found and verified",
-            available=_aiter("gfx950_available"), decode_layouts=_aiter("split_layouts"),
+    Backend("gfx950", available=_aiter("gfx950_available"), decode_layouts=_aiter("split_layouts"),
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.aiter.backend", "decode", backend="gfx950"),
             decode_persistent=_entry("jax_mla._src.aiter.backend", "decode_persistent",
-                                     backend="gfx950"),
-            needs_gpu=True),
-    Backend("host", "a CPU, with the C++ extension built",
-            available=_aiter("host_available"), decode_layouts=_aiter("split_layouts"),
+                                     backend="gfx950")),
+    Backend("host", available=_aiter("host_available"), decode_layouts=_aiter("split_layouts"),
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.aiter.backend", "decode", backend="host"),
             decode_persistent=_entry("jax_mla._src.aiter.backend", "decode_persistent",
                                      backend="host")),
     # The Pallas kernels serve the layouts of the aiter split kernel: the ones DeepSeek-V4 uses
     # and the GPU tests cover. Its persistent entry runs its decode (any row count).
-    Backend("pallas", "CUDA and ROCm GPUs",
-            available=_entry("jax_mla._src.pallas.backend", "available"),
+    Backend("pallas", available=_entry("jax_mla._src.pallas.backend", "available"),
             decode_layouts=_aiter("split_layouts"), persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.pallas.backend", "decode"),
-            decode_persistent=_entry("jax_mla._src.pallas.backend", "decode_persistent"),
-            needs_gpu=True),
-    Backend("reference", "anywhere", available=_always, decode_layouts=_any_layout,
+            decode_persistent=_entry("jax_mla._src.pallas.backend", "decode_persistent")),
+    Backend("reference", available=_always, decode_layouts=_any_layout,
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.reference", "decode"),
             decode_persistent=_entry("jax_mla._src.reference", "decode_persistent")),
