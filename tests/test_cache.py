@@ -96,3 +96,113 @@ def test_cache_helper_errors_name_the_argument():
                                        jnp.float32))
   with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
     jax_mla.ragged_from_topk(jnp.zeros((2, 4), jnp.int32), jnp.zeros(3, jnp.int32))
+
+
+def _numpy_pool_rows(local, page_table=None, page_size=None, base=None):
+  """The mapping written as a loop, one entry at a time (pool_rows's docstring)."""
+  out = np.full(local.shape, -1, np.int64)
+  for idx in np.ndindex(*local.shape):
+    b, i = idx[0], int(local[idx])
+    if i < 0:
+      continue
+    if base is not None:
+      row = int(base[b]) + i
+    else:
+      if i // page_size >= page_table.shape[1] or page_table[b, i // page_size] < 0:
+        continue
+      row = int(page_table[b, i // page_size]) * page_size + i % page_size
+    out[idx] = row if row >= 0 else -1
+  return out.astype(np.int32)
+
+
+def _local_indices(rng, shape, high):
+  local = rng.integers(0, high, size=shape).astype(np.int32)
+  local[rng.random(shape) < 0.25] = -1
+  local[rng.random(shape) < 0.05] = -7  # any negative is unused
+  return local
+
+
+@pytest.mark.parametrize("shape", [(5, 12), (5, 3, 12)], ids=["per-seq", "per-token"])
+def test_pool_rows_through_a_page_table_matches_numpy(shape):
+  rng = np.random.default_rng(3)
+  page_size, pages_per_seq = 4, 6
+  page_table = rng.permutation(64)[:5 * pages_per_seq].reshape(5, pages_per_seq).astype(np.int32)
+  page_table[1, 4:] = -1  # unallocated pages
+  local = _local_indices(rng, shape, page_size * pages_per_seq + 6)  # some past the table
+  local[0, ..., 0] = page_size * pages_per_seq  # the first index past the table
+  local[2] = -1  # a sequence with nothing
+  local[1, ..., 1] = 17  # page 4 of sequence 1: unallocated
+  f = jax.jit(jax_mla.pool_rows, static_argnames="page_size")
+  rows = np.asarray(f(local, page_table=page_table, page_size=page_size))
+  want = _numpy_pool_rows(local, page_table=page_table, page_size=page_size)
+  assert rows.dtype == np.int32 and rows.shape == shape
+  np.testing.assert_array_equal(rows, want)
+  assert (rows[0, ..., 0] == -1).all() and (rows[1, ..., 1] == -1).all() and (rows[2] == -1).all()
+  assert (rows[local >= 0] >= 0).sum() < (local >= 0).sum()  # past-table entries dropped
+  # Every used row lies on a page of its own sequence.
+  for idx in zip(*np.nonzero(rows >= 0)):
+    assert rows[idx] // page_size in page_table[idx[0]]
+  empty_table = np.zeros((5, 0), np.int32)
+  assert (np.asarray(f(local, page_table=empty_table, page_size=page_size)) == -1).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 10), (4, 2, 10)], ids=["per-seq", "per-token"])
+def test_pool_rows_from_a_base_matches_numpy(shape):
+  rng = np.random.default_rng(4)
+  base = np.array([0, 100, 37, 5000], np.int32)
+  local = _local_indices(rng, shape, 90)
+  rows = np.asarray(jax.jit(jax_mla.pool_rows)(local, base=base))
+  np.testing.assert_array_equal(rows, _numpy_pool_rows(local, base=base))
+  np.testing.assert_array_equal(rows[local >= 0], (base.reshape(-1, *[1] * (len(shape) - 1))
+                                                   + local)[local >= 0])
+  assert (rows[local < 0] == -1).all()
+
+
+def test_pool_rows_feed_ragged_from_topk_and_decode():
+  rng = np.random.default_rng(5)
+  kv, kv_rope = jax_mla.pack_rows(jnp.asarray(rng.standard_normal((64, 512)), jnp.float32))
+  page_size = 8
+  page_table = np.array([[3, 0, -1], [7, 5, 1]], np.int32)
+  local = np.array([[[0, 9, -1, 30], [1, -1, -1, -1]],
+                    [[17, 2, 8, -1], [-1, -1, -1, -1]]], np.int32)  # [2 seqs, 2 tokens, 4]
+  rows = jax_mla.pool_rows(local, page_table=page_table, page_size=page_size)
+  # By hand: seq 0 page 0 -> pool page 3 (rows 24..31), page 1 -> 0; 30 is on page 3: past the
+  # table. Seq 1 pages 7, 5, 1.
+  want = np.array([[[24, 1, -1, -1], [25, -1, -1, -1]], [[9, 58, 40, -1], [-1, -1, -1, -1]]])
+  np.testing.assert_array_equal(np.asarray(rows), want)
+  indptr, flat = jax_mla.ragged_from_topk(rows.reshape(4, 4))
+  np.testing.assert_array_equal(np.asarray(indptr), [0, 2, 3, 6, 6])
+  np.testing.assert_array_equal(np.asarray(flat)[:6], [24, 1, 25, 9, 58, 40])
+  q, q_rope = jax_mla.pack_rows(jnp.asarray(rng.standard_normal((4, 16, 512)), jnp.float32))
+  out, lse = jax_mla.decode(q, q_rope, kv, kv_rope, indptr, flat, backend="reference")
+  direct = jax_mla.decode(q[:3], q_rope[:3], kv, kv_rope, jnp.array([0, 2, 3, 6], jnp.int32),
+                          jnp.array([24, 1, 25, 9, 58, 40], jnp.int32), backend="reference")
+  np.testing.assert_array_equal(np.asarray(out[:3], np.float32), np.asarray(direct[0], np.float32))
+  assert np.all(np.asarray(lse[3]) == -np.inf)
+
+
+def test_pool_rows_errors_name_the_argument():
+  local = jnp.zeros((2, 4), jnp.int32)
+  table = jnp.zeros((2, 3), jnp.int32)
+  with pytest.raises(ValueError, match="exactly one of page_table .* and base; got neither"):
+    jax_mla.pool_rows(local)
+  with pytest.raises(ValueError, match="exactly one of page_table .* and base; got both"):
+    jax_mla.pool_rows(local, page_table=table, page_size=4, base=jnp.zeros(2, jnp.int32))
+  with pytest.raises(ValueError, match="page_table needs page_size"):
+    jax_mla.pool_rows(local, page_table=table)
+  with pytest.raises(ValueError, match="page_size is only used with page_table"):
+    jax_mla.pool_rows(local, base=jnp.zeros(2, jnp.int32), page_size=4)
+  with pytest.raises(ValueError, match="page_size must be a positive int"):
+    jax_mla.pool_rows(local, page_table=table, page_size=0)
+  with pytest.raises(TypeError, match="page_size must be a positive int"):
+    jax_mla.pool_rows(local, page_table=table, page_size=jnp.int32(4))
+  with pytest.raises(TypeError, match="local must have dtype int32"):
+    jax_mla.pool_rows(local.astype(jnp.float32), base=jnp.zeros(2, jnp.int32))
+  with pytest.raises(ValueError, match=r"local must have shape \[num_seqs, topk\] or"):
+    jax_mla.pool_rows(jnp.zeros(4, jnp.int32), base=jnp.zeros(2, jnp.int32))
+  with pytest.raises(ValueError, match=r"page_table must have shape \(2, pages_per_seq\)"):
+    jax_mla.pool_rows(local, page_table=jnp.zeros((3, 3), jnp.int32), page_size=4)
+  with pytest.raises(TypeError, match="page_table must have dtype int32"):
+    jax_mla.pool_rows(local, page_table=table.astype(jnp.uint32), page_size=4)
+  with pytest.raises(ValueError, match=r"base must have shape \(2,\)"):
+    jax_mla.pool_rows(local, base=jnp.zeros(3, jnp.int32))

@@ -8,7 +8,9 @@ buffer. The 512-byte packed row:
   bytes 448..461  7 e8m0 scales, each stored twice: s0 s0 s1 s1 ... s6 s6
   bytes 462..511  padding: undefined content, never read
 
-Everything here is jittable and shape-polymorphic over leading dims.
+Everything here is jittable and shape-polymorphic over leading dims. The same rows in other
+servers' byte orders: `to_flashmla` / `from_flashmla` (FlashMLA's MODEL1_FP8Sparse cache),
+`to_tpu_inference` / `from_tpu_inference` (tpu-inference's DeepSeek-V4 CSA cache).
 """
 
 from __future__ import annotations
@@ -182,4 +184,138 @@ def from_flashmla(cache: jax.Array) -> tuple[jax.Array, jax.Array]:
       data[:, NOPE_DIM:].reshape(rows, ROPE_DIM, 2), jnp.bfloat16)
   padding = jnp.zeros((rows, ROW_BYTES - PAD_OFFSET), jnp.uint8)
   packed = jnp.concatenate([data[:, :NOPE_DIM], jnp.repeat(scales, 2, axis=-1), padding], axis=-1)
+  return packed, rope
+
+
+# tpu-inference's DeepSeek-V4 CSA cache (vllm-project/tpu-inference): two uint8 arrays per layer,
+# a NoPE array [pages, page_size, 4, 128] (512 bytes per token) and a RoPE array
+# [pages, page_size // 4, 4, 128] (128 bytes per token). Layout in to_tpu_inference's docstring.
+TPU_INFERENCE_NOPE_BYTES = 512
+TPU_INFERENCE_PAD_OFFSET = SCALE_OFFSET + NUM_TILES  # 455
+TPU_INFERENCE_ROPE_BYTES = 2 * ROPE_DIM  # 128
+TPU_INFERENCE_LANES = 128
+TPU_INFERENCE_PACKING = 4  # 128-byte lane rows per NoPE record; RoPE records per rope-array row
+
+
+def _check_tpu_inference_page_size(page_size) -> None:
+  if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
+    raise TypeError(f"page_size must be a static positive int; got {page_size!r} of type "
+                    f"{type(page_size).__name__}")
+  if page_size < 1 or page_size % TPU_INFERENCE_PACKING:
+    raise ValueError(f"page_size must be a positive multiple of {TPU_INFERENCE_PACKING} (the "
+                     f"RoPE array holds {TPU_INFERENCE_PACKING} tokens per row); got {page_size}")
+
+
+def to_tpu_inference(packed: jax.Array, rope: jax.Array,
+                     page_size: int) -> tuple[jax.Array, jax.Array]:
+  """Converts packed rows `[R, 512]` + rope `[R, 64]` to tpu-inference's DeepSeek-V4 CSA cache.
+
+  tpu-inference (vllm-project/tpu-inference, read at commit b8692ff, 2026-08-22) keeps the
+  compressed (CSA) KV of a layer in two uint8 arrays, written by its compressor
+  (`compress_and_store/compute.py`: `pack_nope_tiled`, `pack_rope_tiled`; pure-JAX reference
+  `compress_store_ref.py`) and read by `sparse_ragged_paged_attention` (`core_attention/
+  sparse_mla.py`, through `csa_gather.py`):
+
+  - NoPE array, uint8 `[pages, page_size, 4, 128]`: token `(p, s)`'s 512-byte record is
+    `nope_cache[p, s].reshape(512)`:
+
+      bytes 0..447    448 fp8 e4m3fn values (the same bytes as jax_mla's row)
+      bytes 448..454  7 e8m0 tile scales, each once (jax_mla stores each twice)
+      bytes 455..511  57 padding bytes: tpu-inference writes zeros and never reads them
+
+  - RoPE array, uint8 `[pages, page_size // 4, 4, 128]`: token `(p, s)`'s 128-byte record is
+    `rope_cache[p, s // 4, s % 4]`, i.e. row `p * page_size + s` of
+    `rope_cache.reshape(-1, 128)`. Its 64 bf16 values are stored as byte planes: byte `j` is the
+    high byte and byte `64 + j` the low byte of value `j`'s bits (`bits = hi << 8 | lo`, an
+    arithmetic split, so no byte order of the machine enters).
+
+  Pool row `r` is token `(r // page_size, r % page_size)`: the flat row numbering
+  `page * page_size + slot` that tpu-inference itself uses for the gather, so a pool index stays
+  valid on both sides. tpu-inference's page size is vLLM's block size divided by the CSA
+  compression ratio 4, a multiple of 4.
+
+  Quantization: tpu-inference's quantizer (`quantize_fp8_ue8m0` in `compress_store_ref.py`,
+  `quantize_fp8_tiled` in the compressor kernel) clamps the tile's amax before the division,
+  `2^ceil(log2(max(amax, 1e-4) / 448))`, where `pack_rows` uses FlashMLA's
+  `2^ceil(log2(max(amax / 448, 1e-4)))`. Both give the same bytes for a tile with
+  `amax > 448 * 2^-14` (0.0273); for smaller tiles tpu-inference's scale is smaller (down to
+  2^-22 against 2^-13), so its bytes differ (both decode within their own error bound). Its
+  exponent comes from f32 `log2` and `ceil`, `pack_rows`'s from the exact `frexp`; they agreed on
+  XLA:CPU, including tiles whose amax / 448 is a power of two. RoPE is the bf16 rounding of the
+  f32 value on both sides.
+
+  Args:
+    packed: uint8 `[R, 512]` packed rows (`pack_rows`); bytes 462..511 and the second copy of
+      each scale are not read.
+    rope: bf16 `[R, 64]`.
+    page_size: tokens per page, static; a positive multiple of 4 that divides R.
+
+  Returns:
+    `(nope_cache uint8 [R // page_size, page_size, 4, 128],
+    rope_cache uint8 [R // page_size, page_size // 4, 4, 128])`, padding zero. A pure byte
+    shuffle: no value is requantized, so `from_tpu_inference` gives the rows back bit for bit.
+  """
+  _check_last_dim("packed", packed, ROW_BYTES, (jnp.uint8,))
+  _check_last_dim("rope", rope, ROPE_DIM, (jnp.bfloat16,))
+  if packed.ndim != 2 or rope.shape != (packed.shape[0], ROPE_DIM):
+    raise ValueError(
+        f"to_tpu_inference takes packed [R, 512] and rope [R, 64]; got {tuple(packed.shape)} and "
+        f"{tuple(rope.shape)}")
+  _check_tpu_inference_page_size(page_size)
+  rows = packed.shape[0]
+  if rows % page_size:
+    raise ValueError(f"the number of rows ({rows}) must be a multiple of page_size ({page_size})")
+  pages = rows // page_size
+  padding = jnp.zeros((rows, TPU_INFERENCE_NOPE_BYTES - TPU_INFERENCE_PAD_OFFSET), jnp.uint8)
+  nope = jnp.concatenate(
+      [packed[:, :NOPE_DIM], packed[:, SCALE_OFFSET:PAD_OFFSET:2], padding], axis=-1)
+  bits = jax.lax.bitcast_convert_type(rope, jnp.uint16)
+  planes = jnp.concatenate(
+      [(bits >> 8).astype(jnp.uint8), (bits & 0xFF).astype(jnp.uint8)], axis=-1)
+  nope_cache = nope.reshape(pages, page_size, TPU_INFERENCE_PACKING, TPU_INFERENCE_LANES)
+  rope_cache = planes.reshape(pages, page_size // TPU_INFERENCE_PACKING, TPU_INFERENCE_PACKING,
+                              TPU_INFERENCE_LANES)
+  return nope_cache, rope_cache
+
+
+def from_tpu_inference(nope_cache: jax.Array,
+                       rope_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Converts tpu-inference's DeepSeek-V4 CSA cache (NoPE and RoPE arrays) to packed rows.
+
+  Args:
+    nope_cache: uint8 `[pages, page_size, 4, 128]`; only bytes 0..454 of each token's 512-byte
+      record are read (the padding 455..511 never is).
+    rope_cache: uint8 `[pages, page_size // 4, 4, 128]`: 64 high bytes then 64 low bytes of
+      each token's bf16 RoPE values. The byte layout of both is in `to_tpu_inference`'s
+      docstring.
+
+  Returns:
+    `(packed uint8 [pages * page_size, 512], rope bf16 [pages * page_size, 64])`, pool row
+    `p * page_size + s` from token `(p, s)`, each scale written twice and zero padding. A pure
+    byte shuffle.
+  """
+  for name, cache in (("nope_cache", nope_cache), ("rope_cache", rope_cache)):
+    if not (hasattr(cache, "shape") and hasattr(cache, "dtype")):
+      raise TypeError(f"{name} must be an array (jax or numpy); got {type(cache).__name__}")
+    if cache.dtype != jnp.uint8:
+      raise TypeError(f"{name} must have dtype uint8; got {cache.dtype}")
+  if (nope_cache.ndim != 4 or nope_cache.shape[2:] != (TPU_INFERENCE_PACKING, TPU_INFERENCE_LANES)
+      or nope_cache.shape[1] % TPU_INFERENCE_PACKING):
+    raise ValueError(
+        f"nope_cache must have shape [pages, page_size, 4, 128] with page_size a multiple of 4; "
+        f"got {tuple(nope_cache.shape)}")
+  pages, page_size = nope_cache.shape[:2]
+  want = (pages, page_size // TPU_INFERENCE_PACKING, TPU_INFERENCE_PACKING, TPU_INFERENCE_LANES)
+  if tuple(rope_cache.shape) != want:
+    raise ValueError(f"rope_cache must have shape [pages, page_size // 4, 4, 128] = {want} for "
+                     f"nope_cache {tuple(nope_cache.shape)}; got {tuple(rope_cache.shape)}")
+  rows = pages * page_size
+  nope = nope_cache.reshape(rows, TPU_INFERENCE_NOPE_BYTES)
+  planes = rope_cache.reshape(rows, TPU_INFERENCE_ROPE_BYTES).astype(jnp.uint16)
+  bits = (planes[:, :ROPE_DIM] << 8) | planes[:, ROPE_DIM:]
+  rope = jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+  padding = jnp.zeros((rows, ROW_BYTES - PAD_OFFSET), jnp.uint8)
+  packed = jnp.concatenate(
+      [nope[:, :NOPE_DIM], jnp.repeat(nope[:, SCALE_OFFSET:TPU_INFERENCE_PAD_OFFSET], 2, axis=-1),
+       padding], axis=-1)
   return packed, rope
