@@ -12,7 +12,9 @@ Contracts (docs/contracts.md): agreement with the float64 oracle; sinks (finite,
 per head); rows without entries (out = 0, lse = sink); padding bytes never read; a NaN in a used
 row makes exactly that sequence NaN; NaN in rows nobody indexes never leaks; one executable for
 every set of lengths; the persistent API equal to decode; layouts a backend does not serve
-refused with the reason.
+refused with the reason. DeepSeek-V4 as served: two KV sources in one call, per-query-token
+lists, bf16/f32 Q, unquantized pools and `softmax_scale`, each in the form the backend computes
+it (natively, or as the API adapts it for the backend: `Backend.native`, adapters.py).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import jax_mla
 from jax_mla._src import backends
 from jax_mla._src.pallas import backend as pallas_backend
 from support.compare import assert_bf16_decode_close, assert_bit_identical
-from support.oracle import oracle_decode
-from support.rows import POISON_PATTERNS, make_batch, poison_padding
+from support.compare import assert_close
+from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_keys
+from support.rows import POISON_PATTERNS, make_batch, make_source, poison_padding
 
 
 def _on_gpu() -> bool:
@@ -293,3 +296,215 @@ def test_layouts_not_served_are_refused_naming_the_alternative(backend):
   with pytest.raises(ValueError, match=r"serves \(num_heads, tokens_per_seq\) in .*got \(24, 1\)"
                                        r".*backend='reference' serves any shape"):
     jax_mla.decode(*batch.args(), backend=backend)
+
+
+# --- DeepSeek-V4 as served: two sources, per-token lists, model-precision inputs ------------------
+
+KERNEL_SCALE = 1 / np.sqrt(512)
+
+
+def _values(x) -> np.ndarray:
+  return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+
+
+def pool_values(backend, kv, kv_rope):
+  """The pool values a backend computes with: packed rows as they are; unquantized rows as they
+  are where the backend reads them natively, else packed (adapters.packed_source)."""
+  if kv_rope is not None:
+    return dequantize_rows(kv, kv_rope)
+  if "float_kv" in backends.REGISTRY[backend].native:
+    return _values(kv)
+  return dequantize_rows(*map(np.asarray, jax_mla.pack_rows(jnp.asarray(kv))))
+
+
+def effective_query(backend, q, q_rope, softmax_scale):
+  """(query values, scale) a backend computes with, per the documented contract: exact where it
+  takes the scale and the Q form natively; Q packed where it needs fp8 rows; the scale folded
+  into Q before packing where its kernel's scale is fixed."""
+  native = backends.REGISTRY[backend].native
+  scale = KERNEL_SCALE if softmax_scale is None else softmax_scale
+  values = _values(q) if q_rope is None else dequantize_rows(q, q_rope)
+  if "softmax_scale" not in native and scale != KERNEL_SCALE:
+    packed = jax_mla.pack_rows(jnp.asarray(values * (scale / KERNEL_SCALE), jnp.float32))
+    return dequantize_rows(*map(np.asarray, packed)), KERNEL_SCALE
+  if q_rope is None and "float_q" not in native:
+    return dequantize_rows(*map(np.asarray, jax_mla.pack_rows(jnp.asarray(q)))), scale
+  return values, scale
+
+
+def oracle_for(backend, q, q_rope, given, sink, tokens_per_seq, softmax_scale=None, exact=False):
+  """The float64 oracle over the union of `given` sources ([(kv, kv_rope, indptr, indices)]):
+  with the inputs the backend computes with, or (exact=True) with the inputs as given."""
+  if exact:
+    queries = _values(q) if q_rope is None else dequantize_rows(q, q_rope)
+    scale = KERNEL_SCALE if softmax_scale is None else softmax_scale
+  else:
+    queries, scale = effective_query(backend, q, q_rope, softmax_scale)
+  num_tokens = queries.shape[0]
+  keys = [[] for _ in range(num_tokens)]
+  for kv, kv_rope, indptr, indices in given:
+    values = (_values(kv) if kv_rope is None else dequantize_rows(kv, kv_rope)) if exact else \
+        pool_values(backend, kv, kv_rope)
+    for t, k in enumerate(token_keys(values, indptr, indices, num_tokens, tokens_per_seq)):
+      keys[t].append(k)
+  return oracle_attend(queries, [np.concatenate(k) for k in keys], sink, scale)
+
+
+def decode_sources(backend, q, q_rope, given, sink, tokens_per_seq, **kwargs):
+  main, extra = given[0], (jax_mla.KVSource(*given[1]) if len(given) > 1 else None)
+  out, lse = jax_mla.decode(q, q_rope, *main, sink, extra=extra, tokens_per_seq=tokens_per_seq,
+                            backend=backend, **kwargs)
+  return _values(out), (None if lse is None else np.asarray(lse))
+
+
+def check_finite_and_close(out, lse, want):
+  assert np.isfinite(out).all() and np.isfinite(lse).all()
+  assert_bf16_decode_close(out, lse, *want)
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,extra_lengths", [
+    (128, 1, [37, 0, 150, 0], [5, 64, 0, 0]), (64, 1, [200, 3], [0, 129]),
+    (16, 4, [0, 70, 9], [12, 0, 300])])
+def test_two_sources_are_one_softmax(backend, num_heads, tokens_per_seq, lengths, extra_lengths):
+  """extra=: the softmax over the union of both sources' entries, one sink, one lse; padding
+  bytes of both pools poisoned (0xFF would read as NaN scales)."""
+  if not served(backend, num_heads, tokens_per_seq):
+    pytest.skip(f"{backend} does not serve ({num_heads}, {tokens_per_seq})")
+  rng = np.random.default_rng(num_heads + tokens_per_seq)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
+                     pool_rows=256, sink=rng.normal(size=num_heads).astype(np.float32),
+                     extra_indices=5)
+  extra = make_source(rng, extra_lengths, pool_rows=96)
+  extra = (poison_padding(extra[0], "ff"), *extra[1:])
+  main = (poison_padding(batch.kv, "ff"), batch.kv_rope, batch.kv_indptr, batch.kv_indices)
+  out, lse = decode_sources(backend, batch.q, batch.q_rope, [main, extra], batch.sink,
+                            tokens_per_seq)
+  # Sequences with entries in neither source: out 0, lse = sink, exactly.
+  empty = np.repeat((np.diff(batch.kv_indptr) == 0) & (np.diff(extra[2]) == 0), tokens_per_seq)
+  assert not out[empty].any()
+  np.testing.assert_array_equal(lse[empty], np.broadcast_to(batch.sink, lse[empty].shape))
+  check_finite_and_close(out, lse, oracle_for(backend, batch.q, batch.q_rope, [main, extra],
+                                              batch.sink, tokens_per_seq))
+
+
+@pytest.mark.parametrize("case", ["plus_inf_sink", "nan_in_extra", "return_lse_false"])
+def test_two_source_edge_contracts(backend, case):
+  rng = np.random.default_rng(21)
+  sink = np.full(64, np.inf if case == "plus_inf_sink" else 0.3, np.float32)
+  batch = make_batch(rng, num_heads=64, lengths=[20, 0, 11], pool_rows=64, sink=sink)
+  main = (batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices)
+  kv, kv_rope, indptr, indices = make_source(rng, [3, 9, 0], pool_rows=32)
+  if case == "plus_inf_sink":
+    out, lse = decode_sources(backend, batch.q, batch.q_rope, [main, (kv, kv_rope, indptr,
+                                                                    indices)], sink, 1)
+    assert not out.any()
+    np.testing.assert_array_equal(lse, np.full_like(lse, np.inf))
+  elif case == "nan_in_extra":
+    clean = decode_sources(backend, batch.q, batch.q_rope, [main, (kv, kv_rope, indptr, indices)],
+                           sink, 1)
+    kv = kv.copy()
+    kv[indices[indptr[1] + 4], 448 + 2 * 2] = 0xFF  # a NaN scale in a row sequence 1 uses
+    out, lse = decode_sources(backend, batch.q, batch.q_rope, [main, (kv, kv_rope, indptr,
+                                                                    indices)], sink, 1)
+    assert np.isnan(out[1]).all() and np.isnan(lse[1]).all()
+    assert_bit_identical("out", out[[0, 2]], clean[0][[0, 2]], what="the sequences without NaN")
+  else:
+    given = [main, (kv, kv_rope, indptr, indices)]
+    out, lse = decode_sources(backend, batch.q, batch.q_rope, given, sink, 1, return_lse=False)
+    assert lse is None
+    assert np.isfinite(out).all()
+    assert_bf16_decode_close(out, None, *oracle_for(backend, batch.q, batch.q_rope, given, sink,
+                                                    1))
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq,per_token", [
+    (16, 4, "main"), (16, 4, "extra"), (16, 4, "both"), (64, 2, "main"), (128, 2, "both")])
+def test_lists_per_query_token(backend, num_heads, tokens_per_seq, per_token):
+  """A list per query token (kv_indptr [T + 1], MTP): each token attends to its own entries;
+  a shared list beside it is repeated for every token of its sequence."""
+  if not served(backend, num_heads, 1):
+    pytest.skip(f"{backend} does not serve ({num_heads}, 1)")
+  rng = np.random.default_rng(num_heads * tokens_per_seq)
+  num_seqs = 3
+  token_lengths = rng.integers(0, 90, size=num_seqs * tokens_per_seq)
+  token_lengths[1] = 0
+  seq_lengths = [40, 0, 7]
+  main = make_source(rng, token_lengths if per_token in ("main", "both") else seq_lengths,
+                     pool_rows=128)
+  extra = make_source(rng, token_lengths[::-1] if per_token in ("extra", "both") else seq_lengths,
+                      pool_rows=64)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[1] * num_seqs, sink=rng.normal(size=num_heads).astype(np.float32))
+  out, lse = decode_sources(backend, batch.q, batch.q_rope, [main, extra], batch.sink,
+                            tokens_per_seq)
+  check_finite_and_close(out, lse, oracle_for(backend, batch.q, batch.q_rope, [main, extra],
+                                              batch.sink, tokens_per_seq))
+
+
+@pytest.mark.parametrize("q_dtype", ["packed", "bfloat16", "float32"])
+@pytest.mark.parametrize("softmax_scale", [None, 1.0, 2 * KERNEL_SCALE])
+def test_model_queries_and_softmax_scale(backend, q_dtype, softmax_scale):
+  """Q as the model holds it and any softmax scale: equal to the oracle on the inputs the
+  backend computes with (the documented packing and folding), and within the fp8 packing's
+  error of the exact oracle. A scale a power of two from 1/sqrt(512) folds exactly."""
+  rng = np.random.default_rng(31)
+  batch = make_batch(rng, num_heads=64, lengths=[60, 0, 200], pool_rows=128, sink=0.25)
+  values = (rng.standard_normal((3, 64, 512)) * 0.05).astype(np.float32)
+  if softmax_scale == 1.0:
+    values *= KERNEL_SCALE  # MaxText folds head_dim ** -0.5 into Q and runs the softmax at 1
+  if q_dtype == "packed":
+    q, q_rope = map(np.asarray, jax_mla.pack_rows(jnp.asarray(values)))
+  else:
+    q, q_rope = values.astype(jnp.dtype(q_dtype)), None
+  main = (batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices)
+  out, lse = decode_sources(backend, q, q_rope, [main], batch.sink, 1,
+                            softmax_scale=softmax_scale)
+  check_finite_and_close(out, lse, oracle_for(backend, q, q_rope, [main], batch.sink, 1,
+                                              softmax_scale))
+  exact_out, exact_lse = oracle_for(backend, q, q_rope, [main], batch.sink, 1, softmax_scale,
+                                    exact=True)
+  # fp8 e4m3 keeps 3 mantissa bits: a packed Q moves each score by a few percent at most.
+  assert_close("out vs exact", out, exact_out, atol=np.abs(exact_out).max() * 0.1, rtol=0.05,
+               cos_tol=2e-3)
+  assert_close("lse vs exact", lse, exact_lse, atol=0.05, rtol=0.01, cos_tol=None)
+  if q_dtype == "packed" and softmax_scale == 2 * KERNEL_SCALE:  # a power-of-two fold is exact
+    assert_bf16_decode_close(out, lse, exact_out, exact_lse)
+
+
+@pytest.mark.parametrize("which", ["main", "extra", "both"])
+def test_unquantized_pools(backend, which):
+  """bf16 pools with kv_rope None (the window and heavily compressed caches as servers keep
+  them): read as they are where the backend can, else only the rows used are packed."""
+  rng = np.random.default_rng(41)
+  batch = make_batch(rng, num_heads=16, tokens_per_seq=4, lengths=[50, 0, 9], pool_rows=128,
+                     sink=-0.5)
+  main = make_source(rng, [50, 0, 9], pool_rows=200,
+                     form="bf16" if which in ("main", "both") else "packed")
+  extra = make_source(rng, [0, 0, 33], pool_rows=40,
+                      form="bf16" if which in ("extra", "both") else "packed")
+  out, lse = decode_sources(backend, batch.q, batch.q_rope, [main, extra], batch.sink, 4)
+  check_finite_and_close(out, lse, oracle_for(backend, batch.q, batch.q_rope, [main, extra],
+                                              batch.sink, 4))
+  exact_out, _ = oracle_for(backend, batch.q, batch.q_rope, [main, extra], batch.sink, 4,
+                            exact=True)
+  assert_close("out vs exact", out, exact_out, atol=np.abs(exact_out).max() * 0.1, rtol=0.05,
+               cos_tol=2e-3)
+
+
+def test_the_persistent_api_takes_model_inputs(backend):
+  """decode_persistent with bf16 Q, a bf16 pool and a softmax scale (folded into Q before
+  packing on every backend: the nm_ps kernel's scale is fixed) equals decode's contract."""
+  heads = layouts(backend, persistent=True)[0][0]
+  rng = np.random.default_rng(51)
+  q = (rng.standard_normal((3, heads, 512)) * 0.05).astype(jnp.bfloat16)
+  kv, _, indptr, indices = make_source(rng, [30, 0, 5], pool_rows=64, form="bf16")
+  sink = np.full(heads, 0.5, np.float32)
+  workspace = jax_mla.make_workspace(num_partitions=8, max_rows=3)
+  out, lse, _ = jax_mla.decode_persistent(q, None, kv, None, indptr, indices, sink, workspace,
+                                          softmax_scale=2 * KERNEL_SCALE, backend=backend)
+  out, lse = _values(out), np.asarray(lse)
+  packed_q = jax_mla.pack_rows(jnp.asarray(q, jnp.float32) * 2)
+  packed_kv = jax_mla.pack_rows(jnp.asarray(kv))
+  keys = token_keys(dequantize_rows(*map(np.asarray, packed_kv)), indptr, indices, 3, 1)
+  check_finite_and_close(out, lse, oracle_attend(dequantize_rows(*map(np.asarray, packed_q)),
+                                                 keys, sink, KERNEL_SCALE))

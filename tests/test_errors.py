@@ -20,7 +20,12 @@ CASES = [
     # (name, change to the arguments, keyword overrides, exception, message pattern)
     ("q_rank", dict(q=np.zeros((2, 512), np.uint8)), {}, ValueError, r"q must have rank 3"),
     ("q_dtype", dict(q=np.zeros((2, 16, 512), np.int8)), {}, TypeError,
-     r"q must have dtype uint8; got int8"),
+     r"q must be uint8 packed rows \(with q_rope\) or bf16/f32 values \(with q_rope=None\); "
+     r"got int8"),
+    ("q_float_with_rope", dict(q=np.zeros((2, 16, 512), np.float32)), {}, ValueError,
+     r"q holds float32 values with the RoPE in dims 448..511; pass q_rope=None"),
+    ("q_packed_without_rope", dict(q_rope=None), {}, ValueError,
+     r"q_rope is required with packed uint8 q"),
     ("q_width", dict(q=np.zeros((2, 16, 576), np.uint8)), {}, ValueError,
      r"q must have a last dimension of 512"),
     ("q_rope_shape", dict(q_rope=np.zeros((2, 8, 64), ml_dtypes.bfloat16)), {}, ValueError,
@@ -33,13 +38,36 @@ CASES = [
     ("kv_indptr_dtype", dict(kv_indptr=np.array([0, 3, 7], np.int64)), {}, TypeError,
      r"kv_indptr must have dtype int32; got int64"),
     ("kv_indptr_empty", dict(kv_indptr=np.zeros((0,), np.int32)), {}, ValueError,
-     r"kv_indptr must have num_seqs \+ 1 >= 1 entries"),
+     r"kv_indptr must have num_seqs \+ 1 = 3 \(shared lists\) entries, with num_seqs = "
+     r"len\(q\) / tokens_per_seq = 2; got shape \(0,\)"),
     ("kv_indptr_short", dict(kv_indptr=np.array([0], np.int32)), {}, ValueError,
-     r"q must have num_seqs \* tokens_per_seq = 0 \* 1 = 0 rows"),
+     r"kv_indptr must have num_seqs \+ 1 = 3 .*got shape \(1,\)"),
+    ("kv_indptr_per_token", dict(kv_indptr=np.array([0, 1, 2, 3], np.int32)),
+     dict(tokens_per_seq=2), ValueError,
+     r"kv_indptr must have num_seqs \+ 1 = 2 \(shared lists\) or num_seqs \* tokens_per_seq "
+     r"\+ 1 = 3 \(a list per query token\) entries.*got shape \(4,\)"),
+    ("kv_float_with_rope", dict(kv=np.zeros((512, 512), ml_dtypes.bfloat16)), {}, ValueError,
+     r"kv holds unquantized bfloat16 rows with their RoPE in dims 448..511; pass kv_rope=None"),
+    ("kv_packed_without_rope", dict(kv_rope=None), {}, ValueError,
+     r"kv_rope is required with packed uint8 rows kv"),
+    ("kv_dtype", dict(kv=np.zeros((512, 512), np.int8)), {}, TypeError,
+     r"kv must be uint8 packed rows or bf16/f32 rows; got int8"),
     ("kv_indices_rank", dict(kv_indices=np.zeros((7, 1), np.int32)), {}, ValueError,
      r"kv_indices must have rank 1"),
     ("token_count", dict(kv_indptr=np.array([0, 3, 5, 7], np.int32)), {}, ValueError,
-     r"q must have num_seqs \* tokens_per_seq = 3 \* 1 = 3 rows .* got 2"),
+     r"kv_indptr must have num_seqs \+ 1 = 3 .*got shape \(4,\)"),
+    ("tokens_not_dividing", {}, dict(tokens_per_seq=3), ValueError,
+     r"q must have num_seqs \* tokens_per_seq rows, a multiple of tokens_per_seq = 3; got 2"),
+    ("extra_type", {}, dict(extra=(1, 2, 3, 4)), TypeError,
+     r"extra must be a jax_mla.KVSource or None; got tuple"),
+    ("extra_indptr", {}, dict(extra="short_indptr"), ValueError,
+     r"extra.kv_indptr must have num_seqs \+ 1 = 3 .*got shape \(2,\)"),
+    ("extra_rope", {}, dict(extra="no_rope"), ValueError,
+     r"extra.kv_rope is required with packed uint8 rows extra.kv"),
+    ("scale_zero", {}, dict(softmax_scale=0.0), ValueError,
+     r"softmax_scale must be positive and finite; got 0.0"),
+    ("scale_array", {}, dict(softmax_scale=np.ones(1)), TypeError,
+     r"softmax_scale must be a Python float or None \(a static value\)"),
     ("sink_shape", dict(sink=np.zeros(8, np.float32)), {}, ValueError,
      r"sink must have shape \(16,\)"),
     ("sink_dtype", dict(sink=np.zeros(16, np.float64)), {}, TypeError,
@@ -61,6 +89,11 @@ CASES = [
 @pytest.mark.parametrize("name,change,kwargs,exc,pattern", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_raises_naming_the_argument(args, name, change, kwargs, exc, pattern):
   args.update(change)
+  if kwargs.get("extra") == "short_indptr":
+    kwargs["extra"] = jax_mla.KVSource(args["kv"], args["kv_rope"], np.array([0, 3], np.int32),
+                                       args["kv_indices"])
+  elif kwargs.get("extra") == "no_rope":
+    kwargs["extra"] = jax_mla.KVSource(args["kv"], None, args["kv_indptr"], args["kv_indices"])
   with pytest.raises(exc, match=pattern):
     jax_mla.decode(**args, backend=kwargs.pop("backend", "reference"), **kwargs)
 

@@ -79,3 +79,42 @@ def oracle_decode(q_packed, q_rope, kv_packed, kv_rope, kv_indptr, kv_indices, s
         out[t, h] = (w @ keys) / denom if len(rows) else 0.0
         lse[t, h] = m + math.log(denom)
   return out, lse
+
+
+def oracle_attend(queries, token_keys, sink, scale: float):
+  """Decode in float64 from values: queries [T, H, 512], token_keys[t] the [K_t, 512] keys query
+  token t attends to, sink None or [H] (-inf: none). Returns (out [T, H, 512], lse [T, H])."""
+  queries = np.asarray(queries, np.float64)
+  num_tokens, num_heads = queries.shape[:2]
+  sink = (np.full(num_heads, -np.inf) if sink is None
+          else np.asarray(sink, np.float64).reshape(num_heads))
+  out = np.zeros((num_tokens, num_heads, 512))
+  lse = np.zeros((num_tokens, num_heads))
+  for t in range(num_tokens):
+    keys = np.asarray(token_keys[t], np.float64).reshape(-1, 512)
+    scores = queries[t] @ keys.T * scale
+    for h in range(num_heads):
+      s, sk = scores[h], sink[h]
+      if sk == np.inf:
+        out[t, h], lse[t, h] = 0.0, np.inf
+        continue
+      m = max(np.max(s, initial=-np.inf), sk)
+      if m == -np.inf:
+        out[t, h], lse[t, h] = 0.0, -np.inf
+        continue
+      w = np.exp(s - m)
+      denom = w.sum() + math.exp(sk - m)
+      out[t, h] = (w @ keys) / denom if len(keys) else 0.0
+      lse[t, h] = m + math.log(denom)
+  return out, lse
+
+
+def token_keys(pool_values, kv_indptr, kv_indices, num_tokens: int, tokens_per_seq: int):
+  """Each query token's keys [K_t, 512] from a pool of values [R, 512] and ragged lists, shared
+  by a sequence's tokens (len(kv_indptr) = num_seqs + 1) or one per token (num_tokens + 1)."""
+  kv_indptr = np.asarray(kv_indptr, np.int64)
+  kv_indices = np.asarray(kv_indices, np.int64)
+  per_token = len(kv_indptr) - 1 == num_tokens
+  lists = [kv_indices[kv_indptr[i]:kv_indptr[i + 1]] for i in range(len(kv_indptr) - 1)]
+  return [np.asarray(pool_values)[lists[t if per_token else t // tokens_per_seq]]
+          for t in range(num_tokens)]

@@ -134,3 +134,21 @@ def equal_width_batches(rng: np.random.Generator, count: int, *, num_heads: int,
     junk = rng.integers(0, pool_rows, size=width - len(b.kv_indices)).astype(np.int32)
     b.kv_indices = np.concatenate([b.kv_indices, junk])
   return batches
+
+
+def make_source(rng: np.random.Generator, lengths, *, pool_rows: int, form: str = "packed",
+                extra_indices: int = 3):
+  """A KV source as NumPy arrays `(kv, kv_rope, kv_indptr, kv_indices)` (jax_mla.KVSource's
+  fields): list i holds `lengths[i]` random rows of a pool of `pool_rows`; form "packed" (random
+  bytes, as make_batch's pools) or "bf16" (unquantized rows, kv_rope None, values that fp8 does
+  not hold exactly). `extra_indices` junk entries follow the last list (never read)."""
+  lengths = np.asarray(lengths, np.int64)
+  indices = rng.integers(0, pool_rows, size=int(lengths.sum()) + extra_indices).astype(np.int32)
+  indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+  if form == "packed":
+    kv, kv_rope = random_packed(rng, (pool_rows,)), random_rope(rng, (pool_rows,))
+  elif form == "bf16":
+    kv, kv_rope = (rng.standard_normal((pool_rows, 512)) * 4).astype(ml_dtypes.bfloat16), None
+  else:
+    raise ValueError(form)
+  return kv, kv_rope, indptr, indices

@@ -5,11 +5,15 @@ tokens_per_seq) layouts it serves for `decode` and `decode_persistent` (None: an
 entry points, imported on first use so that no backend's code loads until it is asked for:
 
   decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq,
-         num_kv_splits, return_lse) -> (out, lse or None)
+         num_kv_splits, return_lse, [softmax_scale, extra]) -> (out, lse or None)
   decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,
                     return_lse) -> (out, lse or None, workspace)
 
-Both receive arguments already checked by the public API (`api.py`), sink as f32 [H].
+Both receive arguments already checked by the public API (`api.py`), sink as f32 [H], packed
+Q and pools with the kernels' softmax scale and one source, except for what the backend lists in
+`native` (NATIVE_FEATURES): those inputs it receives as the user gave them (bf16/f32 Q with
+q_rope None, unquantized pools with kv_rope None, the `softmax_scale` and `extra=` keywords of
+`decode`). The API does the rest for it (adapters.py).
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ def _any_layout() -> Layouts:
   return None
 
 
+# What a backend's `decode` entry may take as given (adapters.py says what the API does otherwise).
+NATIVE_FEATURES = frozenset({"float_q", "float_kv", "softmax_scale", "extra"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Backend:
   name: str
@@ -49,6 +57,12 @@ class Backend:
   persistent_layouts: Callable[[], Layouts]
   decode: Callable
   decode_persistent: Callable
+  native: frozenset = frozenset()
+
+  def __post_init__(self):
+    unknown = set(self.native) - NATIVE_FEATURES
+    if unknown:
+      raise ValueError(f"backend {self.name!r}: unknown native features {sorted(unknown)}")
 
 
 def _always() -> tuple[bool, str]:
@@ -75,7 +89,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend("reference", available=_always, decode_layouts=_any_layout,
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.reference", "decode"),
-            decode_persistent=_entry("jax_mla._src.reference", "decode_persistent")),
+            decode_persistent=_entry("jax_mla._src.reference", "decode_persistent"),
+            native=NATIVE_FEATURES),
 )}
 # What `backend=` accepts.
 BACKENDS = ("auto", *REGISTRY)

@@ -15,15 +15,14 @@ import numpy as np
 from jax_mla._src import layout
 from jax_mla._src import workspace as ws_lib
 
+FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeDims:
   num_tokens: int  # T
   num_heads: int  # H
-  num_kv_rows: int  # R
   num_seqs: int  # B
-  num_indices: int  # L
   tokens_per_seq: int
 
 
@@ -52,44 +51,57 @@ def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
     raise ValueError(f"{name} must be a positive int; got {value}")
 
 
-def check_decode_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *,
-                      tokens_per_seq, num_kv_splits) -> DecodeDims:
-  """Checks the arguments of `jax_mla.decode`; returns the problem's dimensions."""
-  check_positive_int("tokens_per_seq", tokens_per_seq)
-  check_positive_int("num_kv_splits", num_kv_splits, allow_none=True)
-  check_array("q", q, ndim=3, dtype=jnp.uint8, last=layout.ROW_BYTES)
+def check_query(q, q_rope) -> tuple[int, int]:
+  """Checks Q, packed (uint8 `[T, H, 512]` + bf16 q_rope `[T, H, 64]`) or as the model holds it
+  (bf16/f32 `[T, H, 512]`, q_rope None); returns (T, H)."""
+  if not (hasattr(q, "shape") and hasattr(q, "dtype")):
+    raise TypeError(f"q must be an array (jax or numpy); got {type(q).__name__}")
+  if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.uint8), *FLOAT_DTYPES):
+    raise TypeError(f"q must be uint8 packed rows (with q_rope) or bf16/f32 values (with "
+                    f"q_rope=None); got {jnp.dtype(q.dtype)}")
+  check_array("q", q, ndim=3, dtype=q.dtype, last=layout.ROW_BYTES)
   num_tokens, num_heads = _shape(q)[:2]
   if num_heads < 1:
     raise ValueError(f"q must have at least one head; got shape {_shape(q)}")
+  if jnp.dtype(q.dtype) != jnp.dtype(jnp.uint8):
+    if q_rope is not None:
+      raise ValueError(f"q holds {jnp.dtype(q.dtype)} values with the RoPE in dims 448..511; "
+                       "pass q_rope=None")
+    return num_tokens, num_heads
+  if q_rope is None:
+    raise ValueError("q_rope is required with packed uint8 q (q_rope=None is for bf16/f32 q)")
   check_array("q_rope", q_rope, ndim=3, dtype=jnp.bfloat16, last=layout.ROPE_DIM)
   if _shape(q_rope)[:2] != (num_tokens, num_heads):
     raise ValueError(f"q_rope must have shape {(num_tokens, num_heads, layout.ROPE_DIM)} "
                      f"(q is {_shape(q)}); got {_shape(q_rope)}")
-  check_array("kv", kv, ndim=2, dtype=jnp.uint8, last=layout.ROW_BYTES)
-  num_kv_rows = _shape(kv)[0]
-  if num_kv_rows < 1:
-    raise ValueError(f"kv must hold at least one row; got shape {_shape(kv)}")
-  check_array("kv_rope", kv_rope, ndim=2, dtype=jnp.bfloat16, last=layout.ROPE_DIM)
-  if _shape(kv_rope)[0] != num_kv_rows:
-    raise ValueError(f"kv_rope must have shape {(num_kv_rows, layout.ROPE_DIM)} (kv is "
-                     f"{_shape(kv)}); got {_shape(kv_rope)}")
-  check_array("kv_indptr", kv_indptr, ndim=1, dtype=jnp.int32)
-  num_seqs = _shape(kv_indptr)[0] - 1
-  if num_seqs < 0:
-    raise ValueError(f"kv_indptr must have num_seqs + 1 >= 1 entries; got shape "
-                     f"{_shape(kv_indptr)}")
-  check_array("kv_indices", kv_indices, ndim=1, dtype=jnp.int32)
-  if num_tokens != num_seqs * tokens_per_seq:
-    raise ValueError(
-        f"q must have num_seqs * tokens_per_seq = {num_seqs} * {tokens_per_seq} = "
-        f"{num_seqs * tokens_per_seq} rows (num_seqs = len(kv_indptr) - 1); got {num_tokens}")
+  return num_tokens, num_heads
+
+
+def check_softmax_scale(softmax_scale) -> None:
+  if softmax_scale is None:
+    return
+  if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+    raise TypeError(f"softmax_scale must be a Python float or None (a static value); got "
+                    f"{softmax_scale!r} of type {type(softmax_scale).__name__}")
+  if not (np.isfinite(softmax_scale) and softmax_scale > 0):
+    raise ValueError(f"softmax_scale must be positive and finite; got {softmax_scale}")
+
+
+def check_decode_args(q, q_rope, sink, *, tokens_per_seq, num_kv_splits) -> DecodeDims:
+  """Checks the arguments of `jax_mla.decode` other than the KV sources (sources.check_source);
+  returns the problem's dimensions."""
+  check_positive_int("tokens_per_seq", tokens_per_seq)
+  check_positive_int("num_kv_splits", num_kv_splits, allow_none=True)
+  num_tokens, num_heads = check_query(q, q_rope)
+  if num_tokens % tokens_per_seq:
+    raise ValueError(f"q must have num_seqs * tokens_per_seq rows, a multiple of "
+                     f"tokens_per_seq = {tokens_per_seq}; got {num_tokens}")
   if sink is not None:
     check_array("sink", sink, ndim=1, dtype=jnp.float32)
     if _shape(sink) != (num_heads,):
       raise ValueError(f"sink must have shape ({num_heads},) (one logit per head); got "
                        f"{_shape(sink)}")
-  return DecodeDims(num_tokens, num_heads, num_kv_rows, num_seqs, _shape(kv_indices)[0],
-                    tokens_per_seq)
+  return DecodeDims(num_tokens, num_heads, num_tokens // tokens_per_seq, tokens_per_seq)
 
 
 def check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
