@@ -10,6 +10,12 @@ the RoPE), the natural unit of the row format: no power-of-2 trouble with 448, n
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
 writes normalized f32 partials and their lse, merged by `merge.merge_partials` (jnp, on the GPU).
 
+The score scale (`softmax_scale`, default 1/sqrt(512)) is a constant of the kernel. A second KV
+source (`extra`: DeepSeek-V4 reads a sliding window and the compressed top-k, each its own
+pool) is read by the same programs: a split walks its share of the sequence's blocks of the
+first source, then of the second, with one online softmax; no pool is copied and the output
+gets no second pass. Without it the kernel is the one-source kernel, op for op.
+
 Lengths and indices are device values; the split count depends on static shapes only, so one
 executable serves every set of lengths. Padding bytes 462..511 are never read: the scale of
 tile t is read at byte 448 + 2t and nothing else past byte 447.
@@ -27,8 +33,8 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas import plan as pallas_plan
-from jax_mla._src.kernel_math import (LN2, LOG2E, SCORE_SCALE_LOG2, e8m0_to_f32, logaddexp2,
-                                      split_chunks)
+from jax_mla._src.kernel_math import (LN2, LOG2E, e8m0_to_f32, logaddexp2, score_scale_log2,
+                                      split_chunks, split_two_sources)
 TILE = layout.TILE  # 64
 NUM_TILES = layout.NUM_TILES + 1  # 7 NoPE tiles + the RoPE tile
 
@@ -86,49 +92,70 @@ def _store_pieces(ref, lead, rows, values):
 
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
-                   *out_refs, block_rows, block_kv, num_splits, num_indices, num_kv_rows):
+                   *refs, block_rows, block_kv, num_splits, score_scale_log2, two_sources=False):
+  """refs: with two_sources the second source's indptr, indices, kv and kv_rope, then the
+  outputs. A split walks its share of the sequence's blocks, source A's then source B's, with
+  one online softmax (kernel_math.split_two_sources)."""
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
 
-  start = indptr_ref[seq]
-  length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
-                                            block_kv)
+  if two_sources:
+    indptr_b, indices_b, kv_b, kv_rope_b = refs[:4]
+    out_refs = refs[4:]
+    range_a, range_b = split_two_sources(indptr_ref, indptr_b, seq, split, num_splits, block_kv)
+    walks = [(indices_ref, kv_ref, kv_rope_ref, *range_a), (indices_b, kv_b, kv_rope_b, *range_b)]
+  else:
+    out_refs = refs
+    start = indptr_ref[seq]
+    length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                              block_kv)
+    walks = [(indices_ref, kv_ref, kv_rope_ref, start, length, chunk_lo, chunk_hi)]
 
   # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
   q_pieces = _load_tiles(q_ref, q_rope_ref, (seq,), q_rows)
 
-  def block_rows_of(chunk):
-    offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
-    valid = offsets < length
-    # Clamped gather of the index list (never past the buffer), then select: lanes past the
-    # row's end read pool row 0 and are zeroed before any arithmetic sees them.
-    positions = jnp.minimum(start + offsets, num_indices - 1)
-    # Out-of-range indices are clamped into the pool, as the reference does: never a wild read.
-    rows = jnp.clip(indices_ref[positions], 0, num_kv_rows - 1)
-    return valid, jnp.where(valid, rows, 0)
+  def walk(carry, indices_ref, kv_ref, kv_rope_ref, start, length, chunk_lo, chunk_hi):
+    """The online softmax over blocks chunk_lo .. chunk_hi - 1 of one source's list."""
+    num_indices, num_kv_rows = indices_ref.shape[0], kv_ref.shape[0]
 
-  def body(chunk, carry):
-    m, l, accs = carry
-    valid, rows = block_rows_of(chunk)
-    k_pieces = _load_tiles(kv_ref, kv_rope_ref, (), rows)
-    k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k)) for k in k_pieces]
-    scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
-    for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
-      scores += _dot(qp, kp, transpose_b=True)
-    scores = jnp.where(valid[None, :], scores * SCORE_SCALE_LOG2, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
-    alpha = jnp.exp2(m - m_new)
-    p = jnp.exp2(scores - m_new[:, None])
-    l = l * alpha + jnp.sum(p, axis=1)
-    p = p.astype(jnp.bfloat16)
-    accs = tuple(acc * alpha[:, None] + _dot(p, kp) for acc, kp in zip(accs, k_pieces))
-    return m_new, l, accs
+    def block_rows_of(chunk):
+      offsets = chunk * block_kv + jnp.arange(block_kv, dtype=jnp.int32)
+      valid = offsets < length
+      # Clamped gather of the index list (never past the buffer), then select: lanes past the
+      # row's end read pool row 0 and are zeroed before any arithmetic sees them.
+      positions = jnp.minimum(start + offsets, num_indices - 1)
+      # Out-of-range indices are clamped into the pool, as the reference does: never a wild
+      # read.
+      rows = jnp.clip(indices_ref[positions], 0, num_kv_rows - 1)
+      return valid, jnp.where(valid, rows, 0)
+
+    def body(chunk, carry):
+      m, l, accs = carry
+      valid, rows = block_rows_of(chunk)
+      k_pieces = _load_tiles(kv_ref, kv_rope_ref, (), rows)
+      k_pieces = [jnp.where(valid[:, None], k, jnp.zeros_like(k)) for k in k_pieces]
+      scores = _dot(q_pieces[0], k_pieces[0], transpose_b=True)
+      for qp, kp in zip(q_pieces[1:], k_pieces[1:]):
+        scores += _dot(qp, kp, transpose_b=True)
+      scores = jnp.where(valid[None, :], scores * score_scale_log2, -jnp.inf)
+      m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # finite: every chunk has a valid entry
+      alpha = jnp.exp2(m - m_new)
+      p = jnp.exp2(scores - m_new[:, None])
+      l = l * alpha + jnp.sum(p, axis=1)
+      p = p.astype(jnp.bfloat16)
+      accs = tuple(acc * alpha[:, None] + _dot(p, kp) for acc, kp in zip(accs, k_pieces))
+      return m_new, l, accs
+
+    return jax.lax.fori_loop(chunk_lo, chunk_hi, body, carry)
 
   init = (jnp.full((block_rows,), -jnp.inf, jnp.float32),
           jnp.zeros((block_rows,), jnp.float32),
           tuple(jnp.zeros((block_rows, width), jnp.float32) for _, width in PIECES))
-  m, l, accs = jax.lax.fori_loop(chunk_lo, chunk_hi, body, init)
+  carry = init
+  for source in walks:
+    carry = walk(carry, *source)
+  m, l, accs = carry
 
   seen = l != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
   m_safe = jnp.where(seen, m, 0.0)
@@ -155,13 +182,20 @@ def _pad_rows(x, rows):
 
 def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                   num_kv_splits: int | None = None, return_lse: bool = True,
-                  interpret: bool = False, config: KernelConfig | None = None):
+                  softmax_scale: float | None = None, extra=None, interpret: bool = False,
+                  config: KernelConfig | None = None):
   """Decode on the Pallas backend; arguments as `jax_mla.decode`, already validated.
 
   Args:
     sink: f32 `[H]`; `-inf` means no sink.
-    num_kv_splits: KV splits over the grid; None picks one from static shapes
-      (`pallas_plan.num_kv_splits`).
+    num_kv_splits: KV splits over the grid (with `extra`, splits of the two sources' entries
+      together); None picks one from static shapes (`pallas_plan.num_kv_splits`).
+    softmax_scale: the factor of q.k in the softmax, a Python float; None: 1 / sqrt(512).
+    extra: None, or a second KV source `(kv2 uint8 [R2, 512], kv_rope2 bf16 [R2, 64],
+      kv_indptr2 int32 [num_seqs + 1], kv_indices2 int32 [L2])` with its own pool: sequence b
+      attends to the union of its entries in both sources (one softmax, one sink). Each split
+      walks its share of the sequence's blocks of source A, then of source B, reading each pool
+      in the kernel (kernel_math.split_two_sources).
     interpret: run the kernel in Pallas interpret mode (any backend, e.g. the CPU in tests).
     config: block sizes and Triton launch parameters; None: the defaults.
 
@@ -175,27 +209,36 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   config = config or KernelConfig()
   block_rows = min(config.block_rows, pallas_plan.row_block(rows))
   padded_rows = -(-rows // block_rows) * block_rows
+  num_indices = kv_indices.shape[0] + (0 if extra is None else extra[3].shape[0])
   num_splits = num_kv_splits or pallas_plan.num_kv_splits(
-      num_seqs, padded_rows // block_rows, kv_indices.shape[0], config.block_kv,
+      num_seqs, padded_rows // block_rows, num_indices, config.block_kv,
       min_entries=config.min_split_entries)
 
   # [B, tokens * H, ...]: a free reshape; rows padded (zeros) only for odd head counts.
   q3 = _pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows)
   q_rope3 = _pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows)
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  if kv_indices.shape[0] == 0:  # the kernel needs one element to clamp to
-    kv_indices = jnp.zeros((1,), jnp.int32)
+  extra_inputs = ()
+  if extra is not None:
+    kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
+    extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2), kv2, kv_rope2)
 
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      num_indices=kv_indices.shape[0], num_kv_rows=kv.shape[0])
-  extra = {} if interpret else {"compiler_params": _compiler_params(config)}
+      score_scale_log2=score_scale_log2(softmax_scale), two_sources=extra is not None)
+  params = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
       kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
       grid=(num_seqs, padded_rows // block_rows, num_splits),
-      interpret=interpret, name="jax_mla_pallas_decode", **extra,
-  )(kv_indptr, kv_indices, q3, q_rope3, kv, kv_rope, sink_rows)
+      interpret=interpret, name="jax_mla_pallas_decode", **params,
+  )(kv_indptr, _one_index_at_least(kv_indices), q3, q_rope3, kv, kv_rope, sink_rows,
+    *extra_inputs)
 
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
                                  num_tokens=num_tokens, num_heads=num_heads)
   return out, (lse if return_lse else None)
+
+
+def _one_index_at_least(indices):
+  """The kernel needs one element of an index list to clamp to."""
+  return jnp.zeros((1,), jnp.int32) if indices.shape[0] == 0 else indices
