@@ -5,7 +5,8 @@ specialization); on other CUDA GPUs and on ROCm GPUs the Triton-lowered kernel
 (`pallas.triton`). `"auto"` picks it on GPUs without verified gfx950 code objects (its speed
 floor, 3x plain XLA at batch >= 64 and no slower anywhere, held at every shape measured on an
 H200, 2026-12-03: benchmarks/README.md). Both kernels hold the decode contracts (lse with
-the sink, empty rows, padding never read, one executable for every set of lengths).
+the sink, empty rows, padding never read, one executable for every set of lengths), take a
+softmax scale applied in the kernel, and read a second KV source (`extra`) in the same launch.
 """
 
 from __future__ import annotations
@@ -49,18 +50,24 @@ def default_kernel() -> str:
 
 
 def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
-           num_kv_splits: int | None, return_lse: bool):
+           num_kv_splits: int | None, return_lse: bool, softmax_scale: float | None = None,
+           extra=None):
   """`jax_mla.decode` on the Pallas backend; arguments validated (at least one sequence),
-  sink f32 [H]."""
+  sink f32 [H]. softmax_scale: a Python float, None for 1/sqrt(512), applied in the kernel.
+  extra: None or a second source (kv2, kv_rope2, kv_indptr2, kv_indices2) laid out like the
+  first, read by the same kernel (one softmax over both, one sink); num_kv_splits then counts
+  the splits of both sources' entries together."""
   if default_kernel() == "mosaic":
     from jax_mla._src.pallas.mosaic import decode as mosaic_decode  # pylint: disable=import-outside-toplevel
     return mosaic_decode.mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                        tokens_per_seq=tokens_per_seq,
-                                       num_kv_splits_=num_kv_splits, return_lse=return_lse)
+                                       num_kv_splits_=num_kv_splits, return_lse=return_lse,
+                                       softmax_scale=softmax_scale, extra=extra)
   from jax_mla._src.pallas import triton as pallas_decode  # pylint: disable=import-outside-toplevel
   return pallas_decode.pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                                      tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits,
-                                     return_lse=return_lse, interpret=_interpret())
+                                     return_lse=return_lse, softmax_scale=softmax_scale,
+                                     extra=extra, interpret=_interpret())
 
 
 def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, workspace, *,

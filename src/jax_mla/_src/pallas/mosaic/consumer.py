@@ -36,18 +36,14 @@ def initial_state():
           plgpu.layout_cast(jnp.zeros((BLOCK_ROWS,), jnp.float32), row_layout))
 
 
-def softmax_step(s, base_entry, length, acc, m_i, l_i):
-  """Scores s [64, block] (f32, WGMMA layout) of entries base_entry.. -> (p, acc rescaled,
-  m, l) in the exp2 domain. Entries at or past `length` are masked out."""
-  p, alpha, m_new, l_i = softmax_scores(s, base_entry, length, m_i, l_i)
-  return p, rescale(acc, alpha), m_new, l_i
-
-
-def softmax_scores(s, base_entry, length, m_i, l_i):
-  """softmax_step without O: (p, alpha, m, l), alpha [64] the factor O is rescaled by."""
+def softmax_scores(s, base_entry, length, m_i, l_i, scale_log2=SCORE_SCALE_LOG2):
+  """The online softmax step of scores s [64, block] (f32, WGMMA layout) of entries
+  base_entry.. in the exp2 domain (s times scale_log2, kernel_math.score_scale_log2); entries
+  at or past `length` are masked out. Returns (p, alpha, m, l), alpha [64] the factor O is
+  rescaled by."""
   plgpu = _plgpu()
   col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-  s = jnp.where(col + base_entry < length, s * SCORE_SCALE_LOG2, -jnp.inf)
+  s = jnp.where(col + base_entry < length, s * scale_log2, -jnp.inf)
   m_new = jnp.maximum(m_i, s.max(axis=1))  # finite: every block has a valid entry
   alpha = jnp.exp2(m_i - m_new)
   p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))

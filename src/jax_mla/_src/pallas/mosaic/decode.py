@@ -14,7 +14,9 @@ with their figures in benchmarks/README.md; their code is in the history.
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
 writes softmax-normalized f32 partials and their lse, merged by `pallas.merge` (its "auto" choice).
-Lengths and indices are device values: one executable serves every set of lengths.
+Lengths and indices are device values: one executable serves every set of lengths. A second
+KV source (`extra`) is read by the same CTAs (mosaic.kernel: the producer reads either pool);
+without it, and at the default scale, the kernel lowers to the one-source kernel unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from jax_mla._src import layout
 from jax_mla._src.pallas.mosaic import kernel as mosaic_direct
 from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas import plan as pallas_plan
+from jax_mla._src.kernel_math import score_scale_log2
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS
 
 
@@ -50,21 +53,23 @@ def _plgpu():
 
 
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
-                  num_kv_splits_: int | None = None, return_lse: bool = True):
-  """Decode with the Mosaic GPU kernel; arguments as `pallas.triton.pallas_decode`.
+                  num_kv_splits_: int | None = None, return_lse: bool = True,
+                  softmax_scale: float | None = None, extra=None):
+  """Decode with the Mosaic GPU kernel; arguments (softmax_scale and the second source `extra`
+  included) as `pallas.triton.pallas_decode`.
 
   The kernel reads the packed fp8 Q and the raw index list itself (no XLA passes before it: GPU
   busy time on the H200, 2026-12-03, 128 heads, 39.5 against 46.4 us at B 64, K 512 and 216.9
   against 229.6 at B 128, K 2048). With an even number of 64-row blocks (128 heads) the two CTAs
   of a sequence share each block's gather in a cluster (mosaic.pair: 246.8 against 277.0 us at
-  B 128, K 2048)."""
+  B 128, K 2048). With `extra` its producer reads both pools (mosaic.kernel)."""
   plgpu = _plgpu()
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
   rows = tokens_per_seq * num_heads
   padded_rows = -(-rows // BLOCK_ROWS) * BLOCK_ROWS
   row_blocks = padded_rows // BLOCK_ROWS
-  num_indices = max(kv_indices.shape[0], 1)
+  num_indices = max(kv_indices.shape[0] + (0 if extra is None else extra[3].shape[0]), 1)
   splits = num_kv_splits_ or pallas_plan.num_kv_splits(
       num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=MIN_SPLIT_ENTRIES,
       rule=SPLIT_RULE)
@@ -72,24 +77,39 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
               q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
-  # The producer reads a block's indices only for its valid rows, and clamps them; a list
-  # shorter than a block is padded so that the block's slice of it has a static shape.
-  indices = kv_indices.astype(jnp.int32)
-  if indices.shape[0] < BLOCK_KV:
-    indices = jnp.pad(indices, (0, BLOCK_KV - indices.shape[0]))
+  options = {}
+  if softmax_scale is not None:
+    options["score_scale_log2"] = score_scale_log2(softmax_scale)
+  extra_inputs = ()
+  if extra is not None:
+    kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
+    extra_inputs = (kv_indptr2.astype(jnp.int32), _block_of_indices_at_least(kv_indices2), kv2,
+                    kv_rope2)
+    options["two_sources"] = True
 
   pair = row_blocks % 2 == 0
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
   scratch = mosaic_direct.scratch_types(pair=pair)
-  kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows, pair=pair)
+  kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows, pair=pair,
+                             **options)
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH),
       num_threads=3, thread_name="wg", **grid,
-  )(kv_indptr.astype(jnp.int32), indices, *q_inputs, kv, kv_rope, sink_rows)
+  )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs, kv,
+    kv_rope, sink_rows, *extra_inputs)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
+
+
+def _block_of_indices_at_least(kv_indices):
+  """The producer reads a block's indices only for its valid rows, and clamps them; a list
+  shorter than a block is padded so that the block's slice of it has a static shape."""
+  indices = kv_indices.astype(jnp.int32)
+  if indices.shape[0] < BLOCK_KV:
+    indices = jnp.pad(indices, (0, BLOCK_KV - indices.shape[0]))
+  return indices

@@ -37,7 +37,7 @@ from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 from jax_mla._src.jax_compat import mgpu_load
-from jax_mla._src.kernel_math import split_chunks
+from jax_mla._src.kernel_math import SCORE_SCALE_LOG2, split_chunks, split_two_sources
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
@@ -74,11 +74,19 @@ def scratch_types(pair=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, out_ref, lse_ref,
-           *, q_smem, k_smem, k_free, num_splits, rows, s_full, s_free, p_smem, rows_smem,
-           ml_full, k_full=None, ready=None, pair=False):
+def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, *refs, q_smem,
+           k_smem, k_free, num_splits, rows, s_full, s_free, p_smem, rows_smem, ml_full,
+           k_full=None, ready=None, pair=False, score_scale_log2=SCORE_SCALE_LOG2,
+           two_sources=False):
   """q_ref, q_rope_ref: the packed fp8 Q as rows [T * H, 512] uint8 and [T * H, 64] bf16;
-  rows: query rows per sequence.
+  rows: query rows per sequence. refs: with two_sources the second source's indptr, indices,
+  pool and RoPE; then the outputs (out, lse). score_scale_log2: kernel_math's.
+
+  Two sources (DeepSeek-V4's window and top-k): a split's steps walk its blocks of source A,
+  then of source B (kernel_math.split_two_sources). Only the producer reads the pools, so only
+  it branches: one loop over A's blocks from A's pool, one over B's from B's, numbering the
+  steps (K tiles, barrier phases) on from each other. The consumers see one sequence of steps;
+  per step they pick the source's length and first entry for the mask.
 
   Warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps the
   indices, so the call needs no XLA passes over Q and the indices first. s_full / s_free guard
@@ -103,10 +111,31 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, o
     row0 = lax.axis_index("rows") * BLOCK_ROWS
   split = lax.axis_index("split")
   wg = lax.axis_index("wg")
-  start = indptr_ref[seq]
-  length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
-                                            BLOCK_KV)
-  steps = chunk_hi - chunk_lo
+  out_ref, lse_ref = refs[-2:]
+  if two_sources:
+    indptr_b, idx_b, kv_b, rope_b = refs[:4]
+    (start, length, chunk_lo, chunk_hi), (start_b, length_b, lo_b, hi_b) = split_two_sources(
+        indptr_ref, indptr_b, seq, split, num_splits, BLOCK_KV)
+    steps_a = chunk_hi - chunk_lo
+    steps = steps_a + (hi_b - lo_b)
+    # Per source: (indices, pool, RoPE, start, length, block of step 0, its first step).
+    sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0),
+               (idx_b, kv_b, rope_b, start_b, length_b, lo_b - steps_a, steps_a)]
+  else:
+    start = indptr_ref[seq]
+    length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                              BLOCK_KV)
+    steps = chunk_hi - chunk_lo
+    sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0)]
+  step_ends = [source[-1] for source in sources[1:]] + [steps]
+
+  def entries_of(i):
+    """(the first entry of step i's block in its source's list, that list's length)."""
+    if not two_sources:
+      return (chunk_lo + i) * BLOCK_KV, length
+    in_a = i < steps_a
+    return (jnp.where(in_a, chunk_lo, lo_b - steps_a) + i) * BLOCK_KV, jnp.where(
+        in_a, length, length_b)
 
   def set_registers(role):
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
@@ -115,12 +144,11 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, o
     plgpu.set_max_registers(REGISTERS[role],
                             action="increase" if REGISTERS[role] > share else "decrease")
 
-  @pl.when(wg == 2)
-  def _producer():
-    set_registers(2)
-
+  def fill(idx, kv, rope, start, length, block0, first_step, end):
+    """The producer's steps first_step .. end - 1: the K tile of block block0 + step of one
+    source."""
     # An empty split's block is all invalid rows: zeros, and no index read.
-    @pl.loop(0, steps)
+    @pl.loop(first_step, end)
     def _fill(step):
       tile = lax.rem(step, NUM_K_TILES)
 
@@ -128,9 +156,9 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, o
       def _wait_free():
         plgpu.barrier_wait(k_free.at[tile])
 
-      first = (chunk_lo + step) * BLOCK_KV
+      first = (block0 + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
-      mosaic_gather.gather_dequantize(kv_ref, rope_ref, idx_ref.at[pl.ds(start + first, BLOCK_KV)],
+      mosaic_gather.gather_dequantize(kv, rope, idx.at[pl.ds(start + first, BLOCK_KV)],
                                       num_valid, k_smem.at[tile], clamp=True,
                                       pair=(rank, ready, tile) if pair else None)
       if pair:
@@ -138,6 +166,12 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, o
       else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
         plgpu.barrier_arrive(k_full.at[tile])
+
+  @pl.when(wg == 2)
+  def _producer():
+    set_registers(2)
+    for source, end in zip(sources, step_ends):
+      fill(*source, end)
 
   wgmma_layout = plgpu.Layout.WGMMA
 
@@ -172,8 +206,8 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, o
     its own PV; m and l published at the end."""
 
     def softmax_and_pv(i, s, tile, acc, m_i, l_i):
-      p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, (chunk_lo + i) * BLOCK_KV,
-                                                          length, m_i, l_i)
+      p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, *entries_of(i), m_i, l_i,
+                                                          score_scale_log2)
       p = p.astype(jnp.bfloat16)
 
       @pl.when(i > 0)
