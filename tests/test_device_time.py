@@ -62,3 +62,16 @@ def test_kernel_us_sums_each_kernel_over_the_stream_lines_only():
             + [dict(span(1, 10, 0, 2), name="gather"), dict(span(1, 10, 5, 3), name="gather"),
                dict(span(1, 10, 9, 1), name="merge"), dict(span(1, 12, 0, 50), name="gather")])
   assert device_time.kernel_us(events) == {"gather": 5, "merge": 1}
+
+
+def test_torch_busy_time_is_the_union_of_its_gpu_events():
+  """The measure for a PyTorch library timed beside jax_mla (benchmarks/vs_flashmla.py): GPU
+  kernels, copies and memsets count once where they overlap; host events never."""
+  events = [
+      {"ph": "X", "cat": "kernel", "ts": 0, "dur": 10},
+      {"ph": "X", "cat": "kernel", "ts": 5, "dur": 10},  # overlaps: 0..15
+      {"ph": "X", "cat": "gpu_memcpy", "ts": 20, "dur": 2},
+      {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100},  # host side: not GPU time
+      {"ph": "X", "cat": "gpu_memset", "ts": 21, "dur": 4},  # 20..25
+  ]
+  assert device_time.torch_busy_us(events) == 20.0

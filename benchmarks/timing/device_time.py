@@ -54,10 +54,25 @@ def busy_us(events) -> float:
   """Microseconds in which any device stream line of a Chrome/Perfetto trace ran an event
   (the union of their intervals). Raises ValueError when the trace has no device stream."""
   lines = _stream_lines(events)
-  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
-                 if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in lines)
+  return union_us((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                  if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in lines)
+
+
+# The GPU event categories of a torch.profiler Chrome trace (kineto).
+TORCH_GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def torch_busy_us(events) -> float:
+  """busy_us for a torch.profiler Chrome trace: the union of its GPU events' intervals (the
+  same measure, for timing a PyTorch library side by side, benchmarks/vs_flashmla.py)."""
+  return union_us((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                  if e.get("ph") == "X" and e.get("cat") in TORCH_GPU_CATEGORIES)
+
+
+def union_us(spans) -> float:
+  """The length of the union of (start, end) intervals."""
   total, end = 0.0, float("-inf")
-  for lo, hi in spans:
+  for lo, hi in sorted(spans):
     if hi <= end:
       continue
     total += hi - max(lo, end)

@@ -1,0 +1,259 @@
+"""jax_mla against FlashMLA on one GPU, side by side in one run, on the same shapes and data.
+
+Times the public `jax_mla.decode` (default backend "pallas") and, when `flash_mla` is
+importable (built by the user from its public source: ../shared/bench/flashmla/README.md of the
+project's notes says how; never vendored), FlashMLA's sm90 MODEL1 fp8 sparse decode (bf16 Q,
+attention sink, scheduling metadata computed once, as a served model reuses it across layers).
+Also the layouts FlashMLA does not serve (16 heads x 4 tokens, 32 heads) against the plain
+jitted XLA decode (benchmarks/gpu_decode.py's), at batch >= 32.
+
+Same data: one pool of 65536 rows, packed once by `jax_mla.pack_rows` and given to FlashMLA in
+its byte order by `jax_mla.to_flashmla` (a byte shuffle: the same fp8 values and scales); Q from
+the same bf16 values (jax_mla takes them packed, FlashMLA as bf16); the same index lists.
+
+Same method for both: 30 calls whose indices change every call ((indices + call * 4099) mod
+65536), run under the framework's profiler; the GPU busy time per call is the union of the
+GPU events' intervals (benchmarks/timing/device_time.py); median of 3 rounds. jax_mla's calls
+run in one jitted loop whose index update (one small fused kernel per call, about 1.7 us on the
+H200) is inside its time and is measured alone and subtracted ("net"); FlashMLA's index lists
+are made before its loop. FlashMLA runs in a child process (one profiler per process; PyTorch
+and JAX each hold their own GPU memory).
+
+Usage (on the GPU machine, from the repository root):
+  PYTHONPATH=src FLASHMLA_DIR=.flashmla python benchmarks/vs_flashmla.py [--suite all|quick]
+      [--out benchmarks/results/NAME]
+Writes NAME.json (every time, TFLOP/s and ratio) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+POOL, BLOCK, STEPS, ROUNDS, STRIDE = 65536, 64, 30, 3, 4099
+HEADS_BATCHES_K = [(h, b, k) for h in (128, 64) for b in (1, 8, 32, 64, 128)
+                   for k in (512, 1024, 2048)]
+# (heads, tokens_per_seq) FlashMLA does not serve: against plain XLA at batch >= 32.
+OTHER_LAYOUTS = [(16, 4), (32, 1)]
+
+
+def shapes(suite):
+  """(heads, tokens_per_seq, batch, K) of the suite."""
+  if suite == "quick":
+    flash = [(128, 1, b, k) for b in (1, 128) for k in (512, 2048)]
+    others = [(h, t, 64, 2048) for h, t in OTHER_LAYOUTS]
+  else:
+    flash = [(h, 1, b, k) for h, b, k in HEADS_BATCHES_K]
+    others = [(h, t, b, k) for h, t in OTHER_LAYOUTS for b in (32, 64, 128) for k in (512, 2048)]
+  return flash, others
+
+
+def problem(heads, tokens, batch, k):
+  """The shape's data as NumPy: bf16-valued Q (as f32), pool values, first index lists."""
+  rng = np.random.default_rng(heads * 1000003 + batch * 1009 + k)
+  return dict(q=(rng.standard_normal((batch * tokens, heads, 512)) * 0.05).astype(np.float32),
+              indices=rng.integers(0, POOL, (batch, k), dtype=np.int32),
+              sink=rng.standard_normal(heads).astype(np.float32))
+
+
+def flops(heads, tokens, batch, k):
+  return 2.0 * batch * tokens * heads * k * 1024
+
+
+# --- jax_mla and plain XLA (this process) -------------------------------------------------------
+
+def time_jax(flash_shapes, other_shapes, backend, pool_dir):
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  from gpu_decode import plain_xla_decode  # pylint: disable=import-outside-toplevel
+  from timing import device_time  # pylint: disable=import-outside-toplevel
+
+  pool = jax.random.normal(jax.random.PRNGKey(0), (POOL, 512), jnp.float32).astype(jnp.bfloat16)
+  kv, kv_rope = jax_mla.pack_rows(pool)
+  np.save(os.path.join(pool_dir, "flashmla_cache.npy"),
+          np.asarray(jax_mla.to_flashmla(kv, kv_rope, BLOCK)))
+
+  def looped(f):
+    @jax.jit
+    def run(q, q_rope, idx0, sink):
+      def body(i, carry):
+        acc, idx = carry
+        out = f(q, q_rope, (idx + i * STRIDE) & (POOL - 1), sink)
+        return acc + out.reshape(-1)[0].astype(jnp.float32), idx
+      return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
+    return run
+
+  def impl(name, tokens):
+    if name == "plain":
+      return lambda q, q_rope, idx, sink: plain_xla_decode(
+          q, q_rope, kv, kv_rope, idx, sink, tokens_per_seq=tokens)[0]
+    if name == "index_update":
+      return lambda q, q_rope, idx, sink: idx
+    def call(q, q_rope, idx, sink):
+      batch, k = idx.shape
+      indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
+      return jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx.reshape(-1), sink,
+                            tokens_per_seq=tokens, backend=backend)[0]
+    return call
+
+  rows = []
+  for shape, impls in [(s, ("jax_mla", "index_update")) for s in flash_shapes] + \
+                      [(s, ("jax_mla", "plain", "index_update")) for s in other_shapes]:
+    heads, tokens, batch, k = shape
+    data = problem(*shape)
+    q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
+    args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
+    runs = {name: looped(impl(name, tokens)) for name in impls}
+    for run in runs.values():
+      jax.block_until_ready(run(*args))
+    times = {name: [] for name in impls}
+    for _ in range(ROUNDS):
+      for name, run in runs.items():
+        times[name].append(device_time.device_time_us(
+            lambda run=run: jax.block_until_ready(run(*args)), STEPS))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    row = dict(heads=heads, tokens_per_seq=tokens, batch=batch, k=k,
+               index_update_us=med["index_update"],
+               jax_mla_us=med["jax_mla"] - med["index_update"], jax_mla_rounds=times["jax_mla"])
+    if "plain" in med:
+      row["plain_us"] = med["plain"] - med["index_update"]
+      row["jax_mla_over_plain"] = row["plain_us"] / row["jax_mla_us"]
+    row["jax_mla_tflops"] = flops(*shape) / row["jax_mla_us"] / 1e6
+    rows.append(row)
+    print(f"jax_mla H{heads}x{tokens} B{batch} K{k}: {row['jax_mla_us']:.1f} us net "
+          f"({row['jax_mla_tflops']:.0f} TFLOP/s)"
+          + (f", plain XLA {row['plain_us']:.1f} us" if "plain_us" in row else ""), flush=True)
+  return rows, dict(device=jax.devices()[0].device_kind, jax=jax.__version__)
+
+
+# --- FlashMLA (a child process) -----------------------------------------------------------------
+
+def time_flashmla(flash_shapes, pool_dir):
+  """Runs in the child: FlashMLA's busy time per call for each shape."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import flash_mla  # pylint: disable=import-outside-toplevel
+  from timing import device_time  # pylint: disable=import-outside-toplevel
+
+  cache = torch.from_numpy(np.load(os.path.join(pool_dir, "flashmla_cache.npy"))).cuda()
+  rows = []
+  for heads, tokens, batch, k in flash_shapes:
+    data = problem(heads, tokens, batch, k)
+    q = torch.from_numpy(data["q"]).to(torch.bfloat16).cuda().reshape(batch, 1, heads, 512)
+    sink = torch.from_numpy(data["sink"]).cuda()
+    first = torch.from_numpy(data["indices"]).cuda()
+    idx = [((first + i * STRIDE) & (POOL - 1)).reshape(batch, 1, k).contiguous()
+           for i in range(STEPS)]
+    meta, _ = flash_mla.get_mla_metadata()
+    call = lambda i: flash_mla.flash_mla_with_kvcache(  # pylint: disable=cell-var-from-loop
+        q, cache, None, None, 512, meta, None, 512 ** -0.5, False, True, idx[i], sink)
+    call(0)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ROUNDS):
+      with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(STEPS):
+          call(i)
+        torch.cuda.synchronize()
+      with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as trace:
+          events = json.load(trace)["traceEvents"]
+      times.append(device_time.torch_busy_us(events) / STEPS)
+    rows.append(dict(heads=heads, tokens_per_seq=tokens, batch=batch, k=k,
+                     flashmla_us=statistics.median(times), flashmla_rounds=times))
+    print(f"flashmla H{heads} B{batch} K{k}: {rows[-1]['flashmla_us']:.1f} us", flush=True)
+  return rows
+
+
+def flashmla_importable() -> tuple[bool, str]:
+  flash_dir = os.environ.get("FLASHMLA_DIR")
+  env = dict(os.environ)
+  if flash_dir:
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(flash_dir),
+                                                      env.get("PYTHONPATH", "")]))
+  probe = subprocess.run([sys.executable, "-c", "import flash_mla"], env=env,
+                         capture_output=True, text=True)
+  return probe.returncode == 0, (probe.stderr.strip().splitlines() or [""])[-1]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--suite", default="all", choices=["all", "quick"])
+  parser.add_argument("--backend", default="pallas")
+  parser.add_argument("--out", default=None)
+  parser.add_argument("--flashmla-child", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  flash_shapes, other_shapes = shapes(args.suite)
+
+  if args.flashmla_child:  # the child: FlashMLA only, results as JSON on the last line
+    rows = time_flashmla(flash_shapes, args.flashmla_child)
+    print(json.dumps(rows))
+    return
+
+  with tempfile.TemporaryDirectory() as pool_dir:
+    rows, meta = time_jax(flash_shapes, other_shapes, args.backend, pool_dir)
+    ok, why = flashmla_importable()
+    flash = {}
+    if ok:
+      env = dict(os.environ)
+      flash_dir = os.environ.get("FLASHMLA_DIR")
+      paths = [os.path.abspath(flash_dir)] if flash_dir else []
+      env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+      child = subprocess.run([sys.executable, __file__, "--suite", args.suite,
+                              "--flashmla-child", pool_dir], env=env, capture_output=True,
+                             text=True, check=True)
+      sys.stdout.write("\n".join(child.stdout.splitlines()[:-1]) + "\n")
+      flash = {(r["heads"], r["batch"], r["k"]): r for r in json.loads(
+          child.stdout.splitlines()[-1])}
+    else:
+      print(f"FlashMLA not importable ({why}): jax_mla only")
+
+  for row in rows:
+    f = flash.get((row["heads"], row["batch"], row["k"])) if row["tokens_per_seq"] == 1 else None
+    if f:
+      row.update(flashmla_us=f["flashmla_us"], flashmla_rounds=f["flashmla_rounds"],
+                 flashmla_tflops=flops(row["heads"], 1, row["batch"], row["k"]) /
+                 f["flashmla_us"] / 1e6,
+                 flashmla_over_jax_mla=f["flashmla_us"] / row["jax_mla_us"])
+  print_table(rows)
+  meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              backend=args.backend, steps=STEPS, rounds=ROUNDS, pool=POOL,
+              method="GPU busy time per call (profiler trace: union of GPU event intervals), "
+                     "30 calls with indices changing every call, median of 3 rounds; jax_mla "
+                     "net of its loop's index update; FlashMLA metadata computed once",
+              flashmla=("measured" if flash else f"not importable: {why}"))
+  if args.out:
+    with open(args.out + ".json", "w") as out:
+      json.dump(dict(meta=meta, rows=rows), out, indent=1)
+
+
+def print_table(rows):
+  print(f"{'heads':>5} {'tok':>3} {'batch':>5} {'K':>5} {'jax_mla us':>10} {'TFLOP/s':>7} "
+        f"{'FlashMLA us':>11} {'TFLOP/s':>7} {'FlashMLA/jax_mla':>16} {'plain/jax_mla':>13}")
+  ratios = []
+  for r in rows:
+    ratio = r.get("flashmla_over_jax_mla")
+    if ratio:
+      ratios.append(ratio)
+    print(f"{r['heads']:>5} {r['tokens_per_seq']:>3} {r['batch']:>5} {r['k']:>5} "
+          f"{r['jax_mla_us']:>10.1f} {r['jax_mla_tflops']:>7.0f} "
+          f"{r.get('flashmla_us', float('nan')):>11.1f} "
+          f"{r.get('flashmla_tflops', float('nan')):>7.0f} {ratio or float('nan'):>16.3f} "
+          f"{r.get('jax_mla_over_plain', float('nan')):>13.2f}")
+  if ratios:
+    print(f"FlashMLA/jax_mla: {sum(x >= 1 for x in ratios)} of {len(ratios)} shapes >= 1.0, "
+          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}")
+
+
+if __name__ == "__main__":
+  main()
