@@ -4,8 +4,8 @@ and compressed top-k, each its own pool) and a softmax scale other than 1/sqrt(5
 The expected results come from the float64 oracle on one pool: the two pools concatenated and
 the second source's indices offset into the copy, each sequence's two lists joined. That path
 shares nothing with the kernels' split of a sequence's blocks between the sources. The Triton
-kernel runs in Pallas interpret mode here; the Mosaic kernel is lowered for an H200 here and
-runs against the same oracle on the GPU (marked `gpu`).
+kernel runs in Pallas interpret mode (and compiled on a GPU: marked `gpu`); the Mosaic kernel is
+lowered for an H200 here and runs against the same oracle on an sm90 GPU (marked `gpu`).
 """
 
 import dataclasses
@@ -24,6 +24,7 @@ from support.rows import make_batch, poison_padding
 from jax_mla._src.pallas import backend as pallas_backend
 from jax_mla._src.pallas import triton as pd
 from test_mosaic import GPU as HOPPER
+from test_pallas import MODES  # Pallas interpret mode, and compiled through Triton on a GPU
 
 # DeepSeek-V4's own scale is 1/sqrt(512) times a YaRN factor: not a power of two of the default.
 SCALE = 0.0713
@@ -115,17 +116,17 @@ def as_f32(x):
 
 
 @functools.lru_cache(maxsize=None)
-def triton_decoder(tokens_per_seq, num_kv_splits, softmax_scale, two_sources=True):
+def triton_decoder(mode, tokens_per_seq, num_kv_splits, softmax_scale, two_sources=True):
   def decode(*args):
     extra = args[7:] if two_sources else None
     return pd.pallas_decode(*args[:7], tokens_per_seq=tokens_per_seq,
                             num_kv_splits=num_kv_splits, softmax_scale=softmax_scale,
-                            extra=extra, interpret=True)
+                            extra=extra, interpret=(mode == "interpret"))
   return jax.jit(decode)
 
 
-def run_triton(sources, num_kv_splits=None, softmax_scale=None):
-  out, lse = triton_decoder(sources.batch.tokens_per_seq, num_kv_splits, softmax_scale)(
+def run_triton(mode, sources, num_kv_splits=None, softmax_scale=None):
+  out, lse = triton_decoder(mode, sources.batch.tokens_per_seq, num_kv_splits, softmax_scale)(
       *sources.kernel_args(), *sources.extra())
   return as_f32(out), np.asarray(lse)
 
@@ -153,36 +154,40 @@ def test_scaled_oracle_is_the_oracle():
   np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 1), (16, 4), (128, 1)])
 @pytest.mark.parametrize("splits", [1, 3, None], ids=["one_split", "three", "planned"])
-def test_two_sources_match_the_oracle(num_heads, tokens_per_seq, splits):
+def test_two_sources_match_the_oracle(mode, num_heads, tokens_per_seq, splits):
   sources = make_two_sources(np.random.default_rng(num_heads + tokens_per_seq),
                              num_heads=num_heads, tokens_per_seq=tokens_per_seq,
                              lengths_a=LENGTHS_A, lengths_b=LENGTHS_B, sink=0.3)
-  out, lse = run_triton(sources, num_kv_splits=splits)
+  out, lse = run_triton(mode, sources, num_kv_splits=splits)
   check(out, lse, oracle(sources))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("sink", [None, -np.inf, -2.0, 60.0, np.inf])
 @pytest.mark.parametrize("softmax_scale", [None, SCALE])
-def test_two_sources_sinks_and_scales(sink, softmax_scale):
+def test_two_sources_sinks_and_scales(mode, sink, softmax_scale):
   sources = make_two_sources(np.random.default_rng(3), num_heads=16, lengths_a=LENGTHS_A,
                              lengths_b=LENGTHS_B, sink=sink)
-  out, lse = run_triton(sources, num_kv_splits=2, softmax_scale=softmax_scale)
+  out, lse = run_triton(mode, sources, num_kv_splits=2, softmax_scale=softmax_scale)
   check(out, lse, oracle(sources, softmax_scale))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("splits", [1, 2])
-def test_softmax_scale_on_one_source(splits):
+def test_softmax_scale_on_one_source(mode, splits):
   batch = make_batch(np.random.default_rng(4), num_heads=64, lengths=[5, 0, 150], sink=0.3,
                      extra_indices=5)
   batch.kv = poison_padding(batch.kv, "ff")
-  decode = triton_decoder(1, splits, SCALE, two_sources=False)
+  decode = triton_decoder(mode, 1, splits, SCALE, two_sources=False)
   out, lse = decode(*batch.args()[:-1], batch.sink_array())
   check(as_f32(out), np.asarray(lse), scaled_oracle(*batch.args(), 1, SCALE))
 
 
-def test_a_source_with_no_entries_at_all():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_source_with_no_entries_at_all(mode):
   """An empty index list (L2 = 0) beside a full one, and the other way round."""
   rng = np.random.default_rng(5)
   for lengths_a, lengths_b in (([7, 90], [0, 0]), ([0, 0], [7, 90])):
@@ -192,19 +197,20 @@ def test_a_source_with_no_entries_at_all():
       sources.kv_indices2 = sources.kv_indices2[:0]
     else:
       sources.batch.kv_indices = sources.batch.kv_indices[:0]
-    out, lse = run_triton(sources, num_kv_splits=2)
+    out, lse = run_triton(mode, sources, num_kv_splits=2)
     check(out, lse, oracle(sources))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("source", ["a", "b"])
-def test_a_nan_in_a_used_row_stays_in_its_sequence(source):
+def test_a_nan_in_a_used_row_stays_in_its_sequence(mode, source):
   sources = make_two_sources(np.random.default_rng(6), num_heads=16, lengths_a=LENGTHS_A,
                              lengths_b=LENGTHS_B, sink=0.3, poison=False)
   pool, indices, indptr = ((sources.batch.kv, sources.batch.kv_indices, sources.batch.kv_indptr)
                            if source == "a" else
                            (sources.kv2, sources.kv_indices2, sources.kv_indptr2))
   pool[indices[indptr[4]], 448:450] = 0xFF  # the e8m0 scale of tile 0 of a row of sequence 4
-  out, lse = run_triton(sources, num_kv_splits=3)
+  out, lse = run_triton(mode, sources, num_kv_splits=3)
   assert np.isnan(out[4]).all() and np.isnan(lse[4]).all()
   others = [0, 1, 2, 3]
   want_out, want_lse = oracle(sources)
