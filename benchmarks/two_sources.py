@@ -5,7 +5,8 @@ DeepSeek-V4's layer reads top-k entries of the compressed cache and the sliding 
 uncompressed one per step. Variants per shape (batch, heads; K = topk + window entries):
   one_pool:   one source of K entries (the baseline: what a copy into one pool would give);
   two_pools:  the top-k pool plus `extra=` the window pool (both packed fp8);
-  bf16_window: the same with the window pool kept in bf16 (`kv_rope=None`), packed on the fly.
+  bf16_window: the same with the window pool kept in bf16 (`kv_rope=None`), packed on the fly;
+  bf16_q:     two_pools with Q given as bf16 values (`q_rope=None`), packed in the call.
 
 Usage: PYTHONPATH=src python benchmarks/two_sources.py [--backend pallas] [--heads 64,128]
          [--batches 1,8,32,64,128] [--topk 512] [--window 128] [--steps 30] [--rounds 3]
@@ -35,11 +36,12 @@ POOL = 65536
 
 def make_problem(key, *, batch, heads, topk, window):
   k = jax.random.split(key, 6)
-  q, q_rope = jax_mla.pack_rows(jax.random.normal(k[0], (batch, heads, 512)) * 0.05)
+  q_values = (jax.random.normal(k[0], (batch, heads, 512)) * 0.05).astype(jnp.bfloat16)
+  q, q_rope = jax_mla.pack_rows(q_values)
   compressed = jax_mla.pack_rows(jax.random.normal(k[1], (POOL, 512)))
   window_rows = jax.random.normal(k[2], (POOL, 512)).astype(jnp.bfloat16)
   return dict(
-      q=q, q_rope=q_rope, kv=compressed[0], kv_rope=compressed[1],
+      q=q, q_rope=q_rope, q_values=q_values, kv=compressed[0], kv_rope=compressed[1],
       window_packed=jax_mla.pack_rows(window_rows), window_bf16=window_rows,
       topk_idx=jax.random.randint(k[3], (batch, topk), 0, POOL, jnp.int32),
       window_idx=jax.random.randint(k[4], (batch, window), 0, POOL, jnp.int32),
@@ -59,14 +61,14 @@ def variant_fn(name, backend):
       both = jnp.concatenate([topk_idx, window_idx], axis=1)
       return jax_mla.decode(p["q"], p["q_rope"], *main[:2], indptr(batch, both.shape[1]),
                             both.reshape(-1), p["sink"], backend=backend)[0]
-    window = (p["window_packed"] if name == "two_pools" else (p["window_bf16"], None))
+    window = (p["window_bf16"], None) if name == "bf16_window" else p["window_packed"]
     extra = jax_mla.KVSource(*window, indptr(batch, window_idx.shape[1]), window_idx.reshape(-1))
-    return jax_mla.decode(p["q"], p["q_rope"], *main, p["sink"], extra=extra,
-                          backend=backend)[0]
+    q = (p["q_values"], None) if name == "bf16_q" else (p["q"], p["q_rope"])
+    return jax_mla.decode(*q, *main, p["sink"], extra=extra, backend=backend)[0]
   return call
 
 
-VARIANTS = ("one_pool", "two_pools", "bf16_window")
+VARIANTS = ("one_pool", "two_pools", "bf16_window", "bf16_q")
 
 
 def looped(f, steps):
@@ -112,11 +114,13 @@ def main():
       row = dict(heads=heads, batch=batch, topk=args.topk, window=args.window,
                  **{f"{v}_us": round(med[v], 2) for v in VARIANTS},
                  two_over_one=round(med["two_pools"] / med["one_pool"], 4),
-                 bf16_over_one=round(med["bf16_window"] / med["one_pool"], 4))
+                 bf16_over_one=round(med["bf16_window"] / med["one_pool"], 4),
+                 bf16_q_over_one=round(med["bf16_q"] / med["one_pool"], 4))
       rows.append(row)
       print(f"H {heads:3d} B {batch:3d}  one pool {med['one_pool']:8.1f} us  two pools "
             f"{med['two_pools']:8.1f} us ({row['two_over_one']:.3f}x)  bf16 window "
-            f"{med['bf16_window']:8.1f} us ({row['bf16_over_one']:.3f}x)", flush=True)
+            f"{med['bf16_window']:8.1f} us ({row['bf16_over_one']:.3f}x)  bf16 Q "
+            f"{med['bf16_q']:8.1f} us ({row['bf16_q_over_one']:.3f}x)", flush=True)
   meta = dict(date=datetime.date.today().isoformat(), device=str(jax.devices()[0].device_kind),
               jax=jax.__version__, backend=args.backend, steps=args.steps, rounds=args.rounds,
               method="GPU busy time per call (profiler), median over rounds, variants "

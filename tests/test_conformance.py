@@ -153,11 +153,14 @@ def test_return_lse_false_gives_the_same_out(backend):
 # --- sinks and rows without entries ---------------------------------------------------------------
 
 @pytest.mark.parametrize("api", APIS)
-@pytest.mark.parametrize("sink", ["none", "finite", "per_head"])
+@pytest.mark.parametrize("sink", ["none", "finite", "per_head", "random"])
 def test_sinks_and_empty_rows(backend, sink, api):
   num_heads = api_heads(backend, api, 64)
+  # "random": values that log2 units do not round-trip exactly (the lse of an empty row is
+  # the sink itself).
   sink = {"none": None, "finite": 1.5,
-          "per_head": np.array([-np.inf, 0.0, 5.0, np.inf] * (num_heads // 4), np.float32)}[sink]
+          "per_head": np.array([-np.inf, 0.0, 5.0, np.inf] * (num_heads // 4), np.float32),
+          "random": np.random.default_rng(55).normal(size=num_heads).astype(np.float32)}[sink]
   batch = make_batch(np.random.default_rng(5), num_heads=num_heads, lengths=[0, 40, 0, 7],
                      pool_rows=128, sink=sink)
   out, lse = run_api(batch, backend, api)

@@ -162,12 +162,13 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
   lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
   if num_splits == 1:
     out_ref, lse_ref = out_refs
-    sink2 = sink_ref[q_rows] * LOG2E
-    total2 = logaddexp2(lse2, sink2)
+    sink = sink_ref[q_rows]
+    total2 = logaddexp2(lse2, sink * LOG2E)
     # out = acc * 2^(m - total): a +inf sink gives 2^-inf = 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)[:, None]
     _store_pieces(out_ref, (seq,), q_rows, [acc * weight for acc in accs])
-    lse_ref[seq, q_rows] = total2 * LN2
+    # An empty row's lse is the sink itself, not its round trip through log2 units.
+    lse_ref[seq, q_rows] = jnp.where(seen, total2 * LN2, sink)
   else:
     part_ref, part_lse_ref = out_refs
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)[:, None]

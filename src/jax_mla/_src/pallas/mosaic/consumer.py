@@ -83,13 +83,14 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   cols = pl.ds(half * HALF, HALF)
   rows = pl.ds(row0, BLOCK_ROWS)
   if num_splits == 1:
-    sink2 = mgpu_load(sink_ref.at[rows], layout=row_layout, optimized=False) * LOG2E
-    total2 = logaddexp2(lse2, sink2)
+    sink = mgpu_load(sink_ref.at[rows], layout=row_layout, optimized=False)
+    total2 = logaddexp2(lse2, sink * LOG2E)
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
     store((acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype),
           (seq, rows, cols))
-    lse_at, lse = (seq, rows), total2 * LN2
+    # An empty row's lse is the sink itself, not its round trip through log2 units.
+    lse_at, lse = (seq, rows), jnp.where(seen, total2 * LN2, sink)
   else:
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
     store(acc * lax.broadcast_in_dim(inv_l, acc.shape, [0]), (seq, split, rows, cols))
