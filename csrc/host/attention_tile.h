@@ -1,36 +1,75 @@
-// The attention arithmetic both kernels' workgroups do, on the host: a block of up to 64 query
-// rows attends to a run of KV rows, one 32-token tile at a time, with an online softmax. fp32
-// throughout, like the kernels. What the result means (a split's partial, a persistent piece, a
-// final row with the sink) is each executor's business; this only leaves the running state.
+// The attention arithmetic both kernels' workgroups do, on the host: a block of up to 128 query
+// rows (every (token, head) row of one sequence) attends to a run of KV rows, one tile of
+// TileTokens() tokens at a time, with an online softmax. What the result means (a split's
+// partial, a persistent piece, a final row with the sink) is each executor's business; this only
+// leaves the running state.
+//
+// Two kernel families, picked once per process from the CPU (ActiveKernels()):
+//   "avx512-bf16": QK and PV as bf16 dot products with f32 accumulation (VDPBF16PS), where the
+//     CPU has AVX512-BF16. Q and K are exact in bf16 (fp8 values times a power of two, bf16
+//     RoPE), so the scores are as exact as in f32; the PV weights are the softmax
+//     probabilities rounded to bf16 (relative error <= 2^-9 each, as the GPU kernels' P), and
+//     the output is normalised by the sum of those same rounded weights.
+//   "fp32": f32 FMAs throughout (compiled for x86-64-v3, AVX2 + FMA, and for the baseline, picked
+//     by the CPU at load time).
+// JAX_MLA_HOST_KERNELS=fp32 in the environment forces the second (read once, at first use).
+// Results never depend on threads, on calls, or on which other rows share a block.
 #ifndef JAX_MLA_HOST_ATTENTION_TILE_H_
 #define JAX_MLA_HOST_ATTENTION_TILE_H_
 
 #include <cstdint>
-#include <vector>
 
 #include "host/row_format.h"
 
 namespace jax_mla::host {
 
-inline constexpr int kTileTokens = 32;    // the kernels' KV tile
-inline constexpr int kMaxQueryRows = 64;  // query rows of one workgroup
+inline constexpr int kMaxQueryRows = 128;  // query rows of one block
+
+enum class TileKernels { kFp32, kAvx512Bf16 };
+
+// The family in use (see above).
+TileKernels ActiveKernels();
+const char* KernelsName(TileKernels kernels);
+
+// KV tokens per tile: 96 where the per-core L2 holds a 128-row block's working set at that tile
+// (about 0.8 MiB: Q, the accumulator, the dequantized tile, its scores), else 48.
+int TileTokens();
 
 // Per-thread buffers and the softmax state of one block of query rows; reused across blocks.
 // After AttendKvRows, for each row r < num_rows, over the scaled scores s_n seen so far:
-//   max[r] = max_n s_n, sum[r] = sum_n exp(s_n - max[r]),
-//   acc[r * 512 + d] = sum_n exp(s_n - max[r]) * v_n[d] (not normalised).
-struct QueryBlock {
-  int num_rows = 0;
-  std::vector<float> q = std::vector<float>(kMaxQueryRows * kHeadDim);
-  std::vector<float> k = std::vector<float>(kTileTokens * kHeadDim);  // [token][dim]
-  std::vector<float> scores = std::vector<float>(kMaxQueryRows * kTileTokens);
-  std::vector<float> acc = std::vector<float>(kMaxQueryRows * kHeadDim);
-  std::vector<float> max = std::vector<float>(kMaxQueryRows);
-  std::vector<float> sum = std::vector<float>(kMaxQueryRows);
-  std::vector<float> correction = std::vector<float>(kMaxQueryRows);
+//   max[r] = max_n s_n, sum[r] = sum_n exp(s_n - max[r]) (f32),
+//   weight_sum[r] = sum_n w_n, acc[r * 512 + d] = sum_n w_n * v_n[d] (not normalised),
+// where w_n is the weight PV used: exp(s_n - max[r]) itself with the fp32 kernels, that value
+// rounded to bf16 with the bf16 kernels. So the row's output is acc / weight_sum and its
+// natural-log denominator max + log(sum).
+class QueryBlock {
+ public:
+  QueryBlock();
+  ~QueryBlock();
+  QueryBlock(const QueryBlock&) = delete;
+  QueryBlock& operator=(const QueryBlock&) = delete;
 
-  const float* Acc(int row) const { return acc.data() + static_cast<std::size_t>(row) * kHeadDim; }
-  float* Acc(int row) { return acc.data() + static_cast<std::size_t>(row) * kHeadDim; }
+  int num_rows = 0;
+  float max[kMaxQueryRows];
+  float sum[kMaxQueryRows];
+  float weight_sum[kMaxQueryRows];
+  float correction[kMaxQueryRows];
+
+  const float* Acc(int row) const { return acc_ + static_cast<std::size_t>(row) * kHeadDim; }
+  float* Acc(int row) { return acc_ + static_cast<std::size_t>(row) * kHeadDim; }
+
+  // Kernel scratch (layouts are the kernels' own; see attention_tile.cc and tile_bf16.cc).
+  TileKernels kernels;
+  int tile_tokens;
+  int padded_rows = 0;        // num_rows rounded up to 16
+  float* acc_;                // [kMaxQueryRows][512]
+  void* q_;                   // Q in the kernels' layout
+  void* k_;                   // the dequantized KV tile (and its PV layout)
+  float* scores_;             // [tile][padded_rows]
+  std::uint32_t* pairs_;      // bf16 weight pairs [tile / 2][padded_rows]
+
+ private:
+  void* storage_;
 };
 
 // Where KV rows live: kv [rows, 512] packed, kv_rope [rows, 64] bf16.
@@ -39,13 +78,13 @@ struct KvRows {
   const std::uint16_t* kv_rope;
 };
 
-// Dequantizes num_rows (1..64) consecutive packed query rows (q [num_rows, 512], q_rope
-// [num_rows, 64]) into the block and starts an empty softmax (max -inf, sum 0, acc 0).
+// Dequantizes num_rows (1..128) consecutive packed query rows (q [num_rows, 512], q_rope
+// [num_rows, 64]) into the block and starts an empty softmax (max -inf, sums 0, acc 0).
 void LoadQueryRows(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
                    QueryBlock& block);
 
 // Attends the block to KV rows kv_ids[0..num_tokens) (indices already bounds-checked), in tiles
-// of 32 starting at kv_ids[0], each KV row dequantized once per block; scores are q.k * scale.
+// starting at kv_ids[0], each KV row dequantized once per block; scores are q.k * scale.
 void AttendKvRows(const KvRows& kv, const std::int32_t* kv_ids, std::int64_t num_tokens,
                   float softmax_scale, QueryBlock& block);
 

@@ -9,15 +9,17 @@
 #include <thread>
 #include <vector>
 
+#include "host/cpu_info.h"
+
 namespace jax_mla::host {
 
 // Calls run(id, scratch) for every id in [0, count) on up to max_threads threads (0: one per
-// core), the calling thread included, each with its own default-constructed Scratch. Starts fewer
+// CPU this process may use, HostThreads()), the calling thread included, each with its own default-constructed Scratch. Starts fewer
 // threads when the system refuses more. Returns false when a call or a scratch allocation threw:
 // the remaining ids are then skipped (no exception escapes a thread or the FFI boundary).
 template <typename Scratch, typename Run>
 bool RunWorkgroups(std::int64_t count, unsigned max_threads, const Run& run) {
-  unsigned threads = max_threads ? max_threads : std::thread::hardware_concurrency();
+  unsigned threads = max_threads ? max_threads : HostThreads();
   threads = static_cast<unsigned>(
       std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(count, 1)));
   std::atomic<std::int64_t> next{0};

@@ -16,11 +16,11 @@ constexpr double kLn2 = 0.6931471805599453;
 }  // namespace
 
 void AttendPiece(const PieceInputs& in, PieceScratch& s) {
-  LoadQueryRows(in.q, in.q_rope, kHeadsPerWorkgroup, s.block);
+  LoadQueryRows(in.q, in.q_rope, in.num_heads, s.block);
   AttendKvRows(KvRows{in.kv, in.kv_rope}, in.kv_ids, in.num_tokens, in.softmax_scale, s.block);
-  for (int h = 0; h < kHeadsPerWorkgroup; ++h) {
+  for (int h = 0; h < in.num_heads; ++h) {
     float* acc = s.block.Acc(h);
-    const float inv = 1.0f / s.block.sum[h];
+    const float inv = 1.0f / s.block.weight_sum[h];
     for (int d = 0; d < kHeadDim; ++d) acc[d] *= inv;
     s.lse2[h] = static_cast<double>(s.block.max[h]) * kLog2e +
                 std::log2(static_cast<double>(s.block.sum[h]));

@@ -12,19 +12,20 @@
 
 namespace jax_mla::host {
 
-inline constexpr int kHeadsPerWorkgroup = kMaxQueryRows;
+inline constexpr int kHeadsPerWorkgroup = 64;  // a workgroup: half of a row's 128 heads
 
 // Per-thread buffers, reused across pieces.
 struct PieceScratch {
   QueryBlock block;
-  std::vector<double> lse2 = std::vector<double>(kHeadsPerWorkgroup);
+  std::vector<double> lse2 = std::vector<double>(kMaxQueryRows);
 };
 
-// Where one piece reads from. q/q_rope point at the first of the 64 heads; kv_ids are the
+// Where one piece reads from. q/q_rope point at the first of num_heads heads; kv_ids are the
 // piece's kv row indices (already bounds-checked).
 struct PieceInputs {
-  const std::uint8_t* q;        // [64, 512] packed
-  const std::uint16_t* q_rope;  // [64, 64] bf16
+  const std::uint8_t* q;        // [num_heads, 512] packed
+  const std::uint16_t* q_rope;  // [num_heads, 64] bf16
+  int num_heads;                // 1..128
   const std::uint8_t* kv;       // [rows, 512] packed
   const std::uint16_t* kv_rope; // [rows, 64] bf16
   const std::int32_t* kv_ids;
@@ -32,8 +33,9 @@ struct PieceInputs {
   float softmax_scale;
 };
 
-// Leaves in scratch.block.acc the normalised partial output [64, 512] (sum_n p_n v_n / sum_n p_n)
-// and in scratch.lse2 the partial log2 denominator log2(sum_n exp(s_n)), no sink.
+// Leaves in scratch.block.acc the normalised partial output [num_heads, 512] (sum_n w_n v_n /
+// sum_n w_n, w_n the weights PV used) and in scratch.lse2 the partial log2 denominator
+// log2(sum_n exp(s_n)), no sink.
 void AttendPiece(const PieceInputs& in, PieceScratch& scratch);
 
 // Merges pieces of one head (partial outputs o_i[512], log2 lse_i) with the sink (natural log,

@@ -21,7 +21,7 @@ using host::kHeadDim;
 using host::kHeadsPerWorkgroup;
 using host::kRopeDim;
 using host::kRowBytes;
-using host::kTileTokens;
+constexpr std::int64_t kTileTokens = 32;  // the nm_ps kernel's KV tile: the unit of its partitions
 
 constexpr const char* kWho = "jax_mla persistent decode (host backend): ";
 
@@ -227,9 +227,10 @@ class Workgroups {
  public:
   Workgroups(const Args& a, const Schedule& s) : a_(a), s_(s) {}
 
-  void Run(std::uint32_t workgroup, host::PieceScratch& scratch) const {
-    const std::int64_t p = workgroup / 2;
-    const int half = static_cast<int>(workgroup % 2);
+  // Partition p: both of its workgroups (2p: heads 0-63, 2p + 1: heads 64-127) at once. They
+  // walk the same tiles, so on the host they run as one 128-row block that dequantizes each KV
+  // row once; each half then writes, arrives and merges exactly as its workgroup would.
+  void Run(std::int64_t p, host::PieceScratch& scratch) const {
     const std::int64_t begin = std::min(p * s_.tiles_per_partition, s_.total_tiles);
     const std::int64_t end = std::min(begin + s_.tiles_per_partition, s_.total_tiles);
     std::int32_t desc[8] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end), -1, -1, -1, -1, 0, 0};
@@ -243,33 +244,36 @@ class Workgroups {
         desc[3] = static_cast<std::int32_t>(r);
         const std::int64_t first = std::max(s_.tile_start[r], begin);
         const std::int64_t last = std::min(s_.tile_start[r + 1], end);
-        Attend(r, half, first - s_.tile_start[r], last - s_.tile_start[r], scratch);
-        if (s_.tile_start[r] >= begin && s_.tile_start[r + 1] <= end) {
-          FinishWholeRow(r, half, scratch);
-        } else {
-          const int slot = s_.SlotIn(r, p);
-          desc[4 + slot] = static_cast<std::int32_t>(r);
-          WritePieceAndArrive(r, half, p, slot, scratch);
+        Attend(r, first - s_.tile_start[r], last - s_.tile_start[r], scratch);
+        const bool whole = s_.tile_start[r] >= begin && s_.tile_start[r + 1] <= end;
+        for (int half = 0; half < 2; ++half) {
+          if (whole) {
+            FinishWholeRow(r, half, scratch);
+          } else {
+            const int slot = s_.SlotIn(r, p);
+            desc[4 + slot] = static_cast<std::int32_t>(r);
+            WritePieceAndArrive(r, half, p, slot, scratch);
+          }
         }
       }
     }
     desc[6] = (desc[4] >= 0) + (desc[5] >= 0);
-    if (half == 0) std::copy(desc, desc + 8, a_.desc + p * 8);
+    std::copy(desc, desc + 8, a_.desc + p * 8);
   }
 
  private:
   static constexpr std::size_t kHeads = kPersistentHeads;
 
-  void Attend(std::int64_t r, int half, std::int64_t tile_begin, std::int64_t tile_end,
+  void Attend(std::int64_t r, std::int64_t tile_begin, std::int64_t tile_end,
               host::PieceScratch& scratch) const {
     const std::int64_t k = a_.kv_indptr[r + 1] - a_.kv_indptr[r];
     const std::int64_t token_begin = tile_begin * kTileTokens;
     const std::int64_t token_end = std::min(tile_end * kTileTokens, k);
     const std::size_t q_row = static_cast<std::size_t>(a_.qo_indptr[r]);
-    const std::size_t head0 = static_cast<std::size_t>(half) * kHeadsPerWorkgroup;
     host::PieceInputs in;
-    in.q = a_.q + (q_row * kHeads + head0) * kRowBytes;
-    in.q_rope = a_.q_rope + (q_row * kHeads + head0) * kRopeDim;
+    in.q = a_.q + q_row * kHeads * kRowBytes;
+    in.q_rope = a_.q_rope + q_row * kHeads * kRopeDim;
+    in.num_heads = static_cast<int>(kHeads);
     in.kv = a_.kv;
     in.kv_rope = a_.kv_rope;
     in.kv_ids = a_.kv_indices + a_.kv_indptr[r] + token_begin;
@@ -290,9 +294,10 @@ class Workgroups {
   }
 
   void FinishWholeRow(std::int64_t r, int half, host::PieceScratch& scratch) const {
+    const int head0 = half * kHeadsPerWorkgroup;
     const float* partials[kHeadsPerWorkgroup];
-    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.block.Acc(h);
-    WriteRow(r, half, partials, scratch.lse2.data(), 1);
+    for (int h = 0; h < kHeadsPerWorkgroup; ++h) partials[h] = scratch.block.Acc(head0 + h);
+    WriteRow(r, half, partials, scratch.lse2.data() + head0, 1);
   }
 
   void WritePieceAndArrive(std::int64_t r, int half, std::int64_t p, int slot,
@@ -300,9 +305,9 @@ class Workgroups {
     const std::size_t acc_slot = static_cast<std::size_t>(2 * p + slot);
     for (int h = 0; h < kHeadsPerWorkgroup; ++h) {
       const std::size_t head = static_cast<std::size_t>(half) * kHeadsPerWorkgroup + h;
-      std::copy_n(scratch.block.Acc(h), kHeadDim,
+      std::copy_n(scratch.block.Acc(static_cast<int>(head)), kHeadDim,
                   a_.o_acc + (acc_slot * kHeads + head) * kHeadDim);
-      a_.lse_acc[acc_slot * kHeads + head] = static_cast<float>(scratch.lse2[h]);
+      a_.lse_acc[acc_slot * kHeads + head] = static_cast<float>(scratch.lse2[head]);
     }
     const std::int64_t p_first = s_.PartitionOf(s_.tile_start[r]);
     const std::int64_t p_last = s_.PartitionOf(s_.tile_start[r + 1] - 1);
@@ -344,9 +349,9 @@ Status ExecutePersistentOnHost(const LaunchPlan& plan, const PersistentHostBound
   // Partitions with no tiles only write desc: not worth a thread.
   const unsigned max_threads = schedule.total_tiles == 0 ? 1 : options.num_threads;
   const bool done = host::RunWorkgroups<host::PieceScratch>(
-      2 * std::int64_t{a.num_partitions}, max_threads,
-      [&](std::int64_t workgroup, host::PieceScratch& scratch) {
-        workgroups.Run(static_cast<std::uint32_t>(workgroup), scratch);
+      std::int64_t{a.num_partitions}, max_threads,
+      [&](std::int64_t partition, host::PieceScratch& scratch) {
+        workgroups.Run(partition, scratch);
       });
   if (!done) {
     return Status::Internal(std::string(kWho) +

@@ -48,7 +48,7 @@ struct PersistentHostOptions {
   // First fill what the kernel leaves unwritten (out and lse of rows with K = 0) with NaN, so
   // tests can see that the public wrapper's fix-up covers exactly those rows.
   bool fill_unwritten_nan = false;
-  // Worker threads; 0 = std::thread::hardware_concurrency().
+  // Worker threads; 0 = one per CPU this process may use (host::HostThreads()).
   unsigned num_threads = 0;
 };
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "host/attention_tile.h"
 #include "host/bf16.h"
@@ -21,8 +23,8 @@ using host::kRowBytes;
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// The shared tile core is the kernel's workgroup: 64 query rows, 32-entry KV tiles.
-static_assert(kSplitMaxSubQ == host::kMaxQueryRows && kSplitKvTile == host::kTileTokens);
+// A block of the host core holds every row group of a sequence (at most 128 rows, 2 groups).
+static_assert(2 * kSplitMaxSubQ == host::kMaxQueryRows);
 
 float LogAddExp(float a, float b) {
   const float hi = std::max(a, b), lo = std::min(a, b);
@@ -181,8 +183,43 @@ void FillUnwritten(const SplitArgs& a, const SplitHostBounds& bounds) {
   if (a.valid_split_count) std::fill_n(a.valid_split_count, bounds.num_seqs, -1);
 }
 
+// Whether the grid's workgroups cover every output row of every sequence (qo_indptr splits
+// [0, T) among the grid's sequences, none has more rows than its row groups hold): then every
+// output slot is written by the workgroups or is one of the slots FillTaskUnwritten fills, and
+// the whole-buffer fill is not needed.
+bool CoversEveryRow(const SplitArgs& a, const SplitHostBounds& bounds) {
+  if (a.grid.y != bounds.num_seqs || a.qo_indptr[0] != 0 ||
+      a.qo_indptr[a.grid.y] != bounds.q_tokens) {
+    return false;
+  }
+  for (std::int64_t b = 0; b < a.grid.y; ++b) {
+    const std::int64_t rows = a.gqa * (a.qo_indptr[b + 1] - a.qo_indptr[b]);
+    if (rows > std::int64_t{a.grid.x} * std::min<std::int64_t>(kSplitMaxSubQ, rows)) return false;
+  }
+  return true;
+}
+
+// NaN into the slots of (sequence b, split) that its workgroups leave unwritten: the split's
+// partials and partial LSE when the split is empty, the sequence's output rows when it has no
+// entries and S == 1.
+void FillTaskUnwritten(const SplitArgs& a, std::int64_t b, std::int64_t split, bool split_empty) {
+  const std::int64_t heads = a.gqa;
+  for (std::int64_t t = a.qo_indptr[b]; t < a.qo_indptr[b + 1]; ++t) {
+    if (a.bf16_direct) {
+      std::fill_n(static_cast<std::uint16_t*>(a.out) + t * heads * kHeadDim, heads * kHeadDim,
+                  host::kBf16QuietNan);
+    } else if (split_empty) {
+      const std::int64_t slot = (t * a.num_splits + split) * heads;
+      std::fill_n(static_cast<float*>(a.out) + slot * kHeadDim, heads * kHeadDim, kNan);
+      std::fill_n(a.partial_lse + slot, heads, kNan);
+    }
+  }
+}
+
+// The block's row `row` is over the scores s_n of this split: acc = sum w_n v_n, weight_sum =
+// sum w_n (the weights PV used), row_sum = sum exp(s_n - row_max).
 void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, std::int64_t split,
-                    const float* acc, float row_max, float row_sum) {
+                    const float* acc, float row_max, float row_sum, float weight_sum) {
   const float sink = a.sink[head];
   const std::int64_t heads = a.gqa;
   if (a.bf16_direct) {  // final output: the sink joins the denominator only
@@ -190,14 +227,14 @@ void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, s
     float factor = 0.0f;  // +inf sink: every probability is 0
     if (sink != kInf) {
       const float m = std::max(row_max, sink);
-      const float kept = std::exp(row_max - m);
-      factor = kept / (row_sum * kept + std::exp(sink - m));
+      const float kept = row_sum * std::exp(row_max - m);
+      factor = kept / ((kept + std::exp(sink - m)) * weight_sum);  // the entries' share
     }
     for (int d = 0; d < kHeadDim; ++d) out[d] = host::FloatToBf16(acc[d] * factor);
     return;
   }
   float lse = row_max + std::log(row_sum);
-  float factor = 1.0f / row_sum;
+  float factor = 1.0f / weight_sum;
   if (split == 0 && sink != -kInf) {  // fold the sink into split 0, exactly once
     const float folded = LogAddExp(lse, sink);
     factor *= std::exp(lse - folded);  // +inf sink: exp(-inf) = 0
@@ -209,36 +246,55 @@ void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, s
   a.partial_lse[slot] = lse;
 }
 
-void RunWorkgroup(const SplitArgs& a, std::int64_t x, std::int64_t b, std::int64_t split,
-                  host::QueryBlock& block) {
+// The KV entries [lo, hi) of split `split` of sequence b (the split rule above).
+struct SplitRange {
+  std::int64_t lo = 0, hi = 0;
+};
+
+SplitRange RangeOf(const SplitArgs& a, std::int64_t b, std::int64_t split) {
+  const std::int64_t kv_len = a.kv_indptr[b + 1] - a.kv_indptr[b];
+  const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
+  const std::int64_t tiles_per_split = (tiles + a.num_splits - 1) / a.num_splits;
+  SplitRange r;
+  r.lo = std::min(kv_len, split * tiles_per_split * kSplitKvTile);
+  r.hi = std::min(kv_len, (split + 1) * tiles_per_split * kSplitKvTile);
+  return r;
+}
+
+// Workgroups (x, b, split) for every x at once: the row groups of a (sequence, split) read the
+// same KV entries, so on the host they run as one block of up to 128 rows and dequantize each KV
+// row once. A row's result does not depend on which rows share its block.
+void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_unwritten,
+             host::QueryBlock& block) {
   const std::int64_t heads = a.gqa;
   const std::int64_t token0 = a.qo_indptr[b];
   const std::int64_t seq_rows = heads * (a.qo_indptr[b + 1] - token0);
   const std::int64_t kv_begin = a.kv_indptr[b];
   const std::int64_t kv_len = a.kv_indptr[b + 1] - kv_begin;
-  const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
-  const std::int64_t tiles_per_split = (tiles + a.num_splits - 1) / a.num_splits;
-  if (a.write_valid_count && x == 0 && split == 0) {
+  if (a.write_valid_count && split == 0) {
+    const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
+    const std::int64_t tiles_per_split = (tiles + a.num_splits - 1) / a.num_splits;
     a.valid_split_count[b] =
         static_cast<std::int32_t>(tiles == 0 ? 0 : (tiles + tiles_per_split - 1) / tiles_per_split);
   }
-  if (seq_rows == 0 || kv_len == 0) return;
+  const SplitRange range = RangeOf(a, b, split);
+  const bool writes = seq_rows > 0 && range.lo < range.hi;
+  if (fill_unwritten && !writes) FillTaskUnwritten(a, b, split, true);
+  if (!writes) return;  // an empty split writes nothing
   const std::int64_t sub_q = std::min<std::int64_t>(kSplitMaxSubQ, seq_rows);
-  const std::int64_t row0 = x * sub_q;
-  const std::int64_t num_rows = std::min(sub_q, seq_rows - row0);
-  const std::int64_t lo = split * tiles_per_split * kSplitKvTile;
-  const std::int64_t hi = std::min(kv_len, (split + 1) * tiles_per_split * kSplitKvTile);
-  if (num_rows <= 0 || lo >= hi) return;  // an empty split writes nothing
-
-  const std::int64_t first_row = token0 * heads + row0;  // (token, head) rows, token-major
-  host::LoadQueryRows(a.q + first_row * kRowBytes, a.q_rope + first_row * kRopeDim,
-                      static_cast<int>(num_rows), block);
-  host::AttendKvRows(host::KvRows{a.kv, a.kv_rope}, a.kv_indices + kv_begin + lo, hi - lo, a.scale,
-                     block);
-  for (std::int64_t r = 0; r < num_rows; ++r) {
-    const std::int64_t local = row0 + r;
-    WriteOutputRow(a, token0 + local / heads, local % heads, split, block.Acc(static_cast<int>(r)),
-                   block.max[r], block.sum[r]);
+  const std::int64_t rows = std::min(seq_rows, std::int64_t{a.grid.x} * sub_q);
+  const std::int64_t first_row = token0 * heads;  // (token, head) rows, token-major
+  for (std::int64_t row0 = 0; row0 < rows; row0 += host::kMaxQueryRows) {
+    const int num_rows = static_cast<int>(std::min<std::int64_t>(host::kMaxQueryRows, rows - row0));
+    host::LoadQueryRows(a.q + (first_row + row0) * kRowBytes,
+                        a.q_rope + (first_row + row0) * kRopeDim, num_rows, block);
+    host::AttendKvRows(host::KvRows{a.kv, a.kv_rope}, a.kv_indices + kv_begin + range.lo,
+                       range.hi - range.lo, a.scale, block);
+    for (int r = 0; r < num_rows; ++r) {
+      const std::int64_t local = row0 + r;
+      WriteOutputRow(a, token0 + local / heads, local % heads, split, block.Acc(r), block.max[r],
+                     block.sum[r], block.weight_sum[r]);
+    }
   }
 }
 
@@ -249,15 +305,26 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
   if (plan.kernel != KernelId::kSplitNm) return Invalid("the plan is not for the nm kernel");
   const SplitArgs args = Decode(plan);
   JAX_MLA_RETURN_IF_ERROR(Validate(args, bounds, plan));
-  if (options.fill_unwritten_nan) FillUnwritten(args, bounds);
+  // Unwritten slots are filled by the task that leaves them, unless the grid leaves rows that no
+  // task owns: then the whole outputs first.
+  const bool fill_per_task = options.fill_unwritten_nan && CoversEveryRow(args, bounds);
+  if (options.fill_unwritten_nan && !fill_per_task) FillUnwritten(args, bounds);
 
-  const std::int64_t gx = plan.grid.x, gy = plan.grid.y, gz = plan.grid.z;
+  // Tasks (sequence, split), the longest first (ties in order), so that the threads finish
+  // together on ragged batches: the order changes no result.
+  const std::int64_t gy = plan.grid.y, gz = plan.grid.z;
+  std::vector<std::pair<std::int64_t, std::int64_t>> order;  // (-tokens, task)
+  order.reserve(static_cast<std::size_t>(gy * gz));
+  for (std::int64_t task = 0; task < gy * gz; ++task) {
+    const SplitRange r = RangeOf(args, task / gz, task % gz);
+    order.emplace_back(-(r.hi - r.lo), task);
+  }
+  std::sort(order.begin(), order.end());
   const unsigned max_threads = options.num_threads > 0 ? options.num_threads : 0;
   const bool done = host::RunWorkgroups<host::QueryBlock>(
-      gx * gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
-        // x fastest, then split, then sequence: neighbouring ids share a sequence's KV rows.
-        const std::int64_t x = id % gx, z = (id / gx) % gz, y = id / (gx * gz);
-        RunWorkgroup(args, x, y, z, block);
+      gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
+        const std::int64_t task = order[static_cast<std::size_t>(id)].second;
+        RunTask(args, task / gz, task % gz, fill_per_task, block);
       });
   if (!done) {
     return Status::Internal(

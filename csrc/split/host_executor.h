@@ -43,7 +43,7 @@ struct SplitHostOptions {
   // First fill every output the kernel may leave unwritten (the whole out / partials / partial
   // LSE) with NaN, so tests prove that nothing unwritten reaches a result.
   bool fill_unwritten_nan = false;
-  int num_threads = 0;  // 0: std::thread::hardware_concurrency()
+  int num_threads = 0;  // 0: one per CPU this process may use (host::HostThreads())
 };
 
 Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,

@@ -21,6 +21,11 @@ Two pickers (KERNELS.md section 3):
 
 A `kv_len_hint` (the KV length to plan for, e.g. a graph bucket's per-row capacity) caps the
 split count at its tile count: more splits than 32-token tiles would leave splits empty.
+
+The host backend plans for the CPU it runs on instead (`host_num_kv_splits`): its executor runs
+one task per (sequence, split) with all of a sequence's heads, on one thread per CPU the process
+may use, so the count only has to give the threads enough tasks to share; every further split
+costs a pass over f32 partials `[T, S, H, 512]` in the merge, which on XLA:CPU is the slow part.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
+import os
 
 KV_TILE = 32  # the kernel's KV tile, in tokens
 HEADS_PER_WORKGROUP = 64
@@ -48,6 +54,20 @@ class LatencyCoeffs:
 
 # arch -> LatencyCoeffs. Empty on purpose: fit on hardware before adding an entry.
 LATENCY_MODEL_COEFFS: dict[str, LatencyCoeffs] = {}
+
+
+# The host backend: tasks per thread it aims for (two, so a thread held up by other work on the
+# machine leaves the other tasks to the rest), and the fewest KV entries worth a split of their own.
+HOST_TASKS_PER_THREAD = 2
+HOST_MIN_SPLIT_ENTRIES = 256
+
+
+def host_threads() -> int:
+  """CPUs this process may run on: what the host executor starts threads for."""
+  try:
+    return max(1, len(os.sched_getaffinity(0)))
+  except (AttributeError, OSError):  # not Linux
+    return max(1, os.cpu_count() or 1)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -107,3 +127,34 @@ def num_kv_splits(num_seqs: int, num_heads: int, *, kv_len_hint: int | None = No
   kv_len = coeffs.default_kv_len if kv_len_hint is None else kv_len_hint
   return _latency_pick(bs_occ, cu, math.ceil(kv_len / KV_TILE), coeffs,
                        min(max_splits, coeffs.max_splits))
+
+
+def host_num_kv_splits(num_seqs: int, num_heads: int, *, return_lse: bool = True,
+                       kv_len_hint: int | None = None, threads: int | None = None) -> int:
+  """The host backend's KV split count: enough (sequence, split) tasks for the CPU's threads.
+
+  `HOST_TASKS_PER_THREAD * threads` tasks at least, no more splits than that needs, and never
+  fewer than the merge requires (2 with `return_lse`: one split writes no LSE); a `kv_len_hint`
+  keeps each split at `HOST_MIN_SPLIT_ENTRIES` entries or more. num_heads does not matter: a
+  task holds every head of its sequence.
+
+  Args:
+    num_seqs: sequences in the batch (>= 1).
+    num_heads: query heads (>= 1).
+    return_lse: whether the caller needs the LSE (then at least 2 splits).
+    kv_len_hint: optional KV length to plan for.
+    threads: the CPU threads to plan for; default `host_threads()`.
+
+  Returns:
+    An int in 1..16.
+  """
+  _check_int("num_seqs", num_seqs, 1)
+  _check_int("num_heads", num_heads, 1)
+  if kv_len_hint is not None:
+    _check_int("kv_len_hint", kv_len_hint, 0)
+  threads = host_threads() if threads is None else _check_int("threads", threads, 1)
+  least = 2 if return_lse else 1
+  splits = math.ceil(HOST_TASKS_PER_THREAD * threads / num_seqs)
+  if kv_len_hint is not None:
+    splits = min(splits, math.ceil(kv_len_hint / HOST_MIN_SPLIT_ENTRIES))
+  return max(least, min(MAX_SPLITS, splits))

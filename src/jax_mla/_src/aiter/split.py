@@ -188,9 +188,10 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   """Decode through the nm kernel (backend 'gfx950') or its host executor (backend 'host').
 
   Arguments as `jax_mla.decode`, already validated there; sink is f32 [H] (-inf: no sink).
-  num_kv_splits None picks with `planner.num_kv_splits` (at least 2 when return_lse); kv_len_hint
-  is passed to it. fill_unwritten_nan (host only, default True there) fills what the kernel does
-  not write with NaN first, so a result never depends on it.
+  num_kv_splits None picks with `planner.num_kv_splits` for gfx950 (at least 2 when return_lse)
+  and `planner.host_num_kv_splits` for the host (the CPU's threads); kv_len_hint is passed to it.
+  fill_unwritten_nan (host only, default True there) fills what the kernel does not write with
+  NaN first, so a result never depends on it.
 
   Returns:
     (out bf16 [T, H, 512], lse f32 [T, H] with the sink included, or None).
@@ -210,7 +211,10 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   if num_seqs == 0:
     out = jnp.zeros((0, num_heads, layout.HEAD_DIM), jnp.bfloat16)
     return out, (jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
-  if num_kv_splits is None:
+  if num_kv_splits is None and backend == "host":  # the CPU's plan, not the MI355X's
+    num_kv_splits = planner.host_num_kv_splits(num_seqs, kernel_heads, return_lse=return_lse,
+                                               kv_len_hint=kv_len_hint)
+  elif num_kv_splits is None:
     num_kv_splits = planner.num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
     if return_lse:
       num_kv_splits = max(2, num_kv_splits)

@@ -1,0 +1,222 @@
+// The bf16 kernel family: QK and PV as VDPBF16PS dot products (pairs of bf16 products added
+// to f32 lanes), for CPUs with AVX512-BF16. Every function that runs it carries the target
+// attribute; the shared pieces (tile_math.h) are forced inline into them.
+//
+// Layouts (u32 = a pair of bf16, low half first):
+//   q_      Q as pairs along the dims: qp[dim pair][padded_rows] (256 x rows u32)
+//   k_      the tile's rows as bf16, kb[token][512], then V as pairs along the tokens:
+//           vp[token pair][512] u32 = (V[2i][d], V[2i+1][d])
+//   scores_ [token][padded_rows] f32;  pairs_ [token pair][padded_rows] u32 bf16 weights
+#include "host/tile_kernels.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "host/tile_math.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define JAX_MLA_BF16_KERNELS 1
+#include <immintrin.h>
+#endif
+
+namespace jax_mla::host::bf16 {
+
+#if JAX_MLA_BF16_KERNELS
+
+#define JAX_MLA_BF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#define JAX_MLA_BF16_INLINE JAX_MLA_INLINE JAX_MLA_BF16_TARGET
+
+namespace {
+
+constexpr int kDimPairs = kHeadDim / 2;
+
+JAX_MLA_BF16_INLINE __m512bh AsBh(__m512i v) { return (__m512bh)v; }
+JAX_MLA_BF16_INLINE __m512bh LoadBh(const std::uint32_t* p) {
+  return AsBh(_mm512_loadu_si512(p));
+}
+JAX_MLA_BF16_INLINE __m512bh Broadcast(std::uint32_t pair) {
+  return AsBh(_mm512_set1_epi32(static_cast<int>(pair)));
+}
+
+// scores[j][r] = scale * sum_d kb[j][d] * q[r][d] for kMj tokens x 16 * kNr rows: kMj * kNr
+// accumulators along the rows, one broadcast K pair per token and dim pair.
+template <int kMj, int kNr>
+JAX_MLA_BF16_INLINE void Scores(const std::uint32_t* qp, int stride, const std::uint32_t* kb,
+                                float scale, float* scores) {
+  __m512 a[kMj][kNr];
+#pragma GCC unroll 16
+  for (int i = 0; i < kMj; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kNr; ++c) a[i][c] = _mm512_setzero_ps();
+  }
+  for (int dp = 0; dp < kDimPairs; ++dp) {
+    __m512bh q[kNr];
+#pragma GCC unroll 4
+    for (int c = 0; c < kNr; ++c) q[c] = LoadBh(qp + static_cast<std::size_t>(dp) * stride + 16 * c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kMj; ++i) {
+      const __m512bh k = Broadcast(kb[static_cast<std::size_t>(i) * kDimPairs + dp]);
+#pragma GCC unroll 4
+      for (int c = 0; c < kNr; ++c) a[i][c] = _mm512_dpbf16_ps(a[i][c], q[c], k);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
+  for (int i = 0; i < kMj; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kNr; ++c) {
+      _mm512_storeu_ps(scores + static_cast<std::size_t>(i) * stride + 16 * c,
+                       _mm512_mul_ps(a[i][c], s));
+    }
+  }
+}
+
+// acc[r][d] = acc[r][d] * correction[r] + sum_i w[r][2i] v[2i][d] + w[r][2i+1] v[2i+1][d] for
+// kMr rows x 64 dims, the token pairs in order.
+template <int kMr>
+JAX_MLA_BF16_INLINE void Accumulate(const std::uint32_t* pairs, int stride, const float* correction,
+                                    const std::uint32_t* vp, int num_pairs, float* acc) {
+  __m512 a[kMr][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i) {
+    const __m512 c = _mm512_set1_ps(correction[i]);
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x) {
+      a[i][x] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + static_cast<std::size_t>(i) * kHeadDim + 16 * x));
+    }
+  }
+  for (int jp = 0; jp < num_pairs; ++jp) {
+    __m512bh v[4];
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x) v[x] = LoadBh(vp + static_cast<std::size_t>(jp) * kHeadDim + 16 * x);
+    const std::uint32_t* w = pairs + static_cast<std::size_t>(jp) * stride;
+#pragma GCC unroll 8
+    for (int i = 0; i < kMr; ++i) {
+      const __m512bh p = Broadcast(w[i]);
+#pragma GCC unroll 4
+      for (int x = 0; x < 4; ++x) a[i][x] = _mm512_dpbf16_ps(a[i][x], v[x], p);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i) {
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x) {
+      _mm512_storeu_ps(acc + static_cast<std::size_t>(i) * kHeadDim + 16 * x, a[i][x]);
+    }
+  }
+}
+
+// vp[i][d] = (kb[2i][d], kb[2i+1][d]) for the first num_pairs token pairs.
+JAX_MLA_BF16_INLINE void InterleaveTokenPairs(const std::uint16_t* kb, int num_pairs,
+                                              std::uint32_t* vp) {
+  alignas(64) std::uint16_t lo_idx[32], hi_idx[32];
+  for (int e = 0; e < 32; ++e) {
+    lo_idx[e] = static_cast<std::uint16_t>((e & 1 ? 32 : 0) + e / 2);
+    hi_idx[e] = static_cast<std::uint16_t>((e & 1 ? 32 : 0) + 16 + e / 2);
+  }
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int i = 0; i < num_pairs; ++i) {
+    const std::uint16_t* r0 = kb + static_cast<std::size_t>(2 * i) * kHeadDim;
+    const std::uint16_t* r1 = r0 + kHeadDim;
+    std::uint32_t* out = vp + static_cast<std::size_t>(i) * kHeadDim;
+    for (int d = 0; d < kHeadDim; d += 32) {
+      const __m512i a = _mm512_loadu_si512(r0 + d), b = _mm512_loadu_si512(r1 + d);
+      _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+template <int kNr>
+JAX_MLA_BF16_INLINE void ScoreRows(const QueryBlock& b, const std::uint32_t* kb, int n,
+                                   float scale, int r0) {
+  constexpr int kMj = kNr == 4 ? 6 : kNr == 2 ? 12 : 16;  // 24, 24, 16 of 32 registers
+  const int stride = b.padded_rows;
+  const std::uint32_t* qp = static_cast<const std::uint32_t*>(b.q_) + r0;
+  for (int j0 = 0; j0 < n; j0 += kMj) {
+    Scores<kMj, kNr>(qp, stride, kb + static_cast<std::size_t>(j0) * kDimPairs, scale,
+                     b.scores_ + static_cast<std::size_t>(j0) * stride + r0);
+  }
+}
+
+}  // namespace
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& b) {
+  std::uint32_t* qp = static_cast<std::uint32_t*>(b.q_);
+  const int stride = b.padded_rows;
+  alignas(64) std::uint16_t row[kHeadDim];
+  std::uint32_t pairs[kDimPairs];
+  for (int r = 0; r < stride; ++r) {
+    if (r < b.num_rows) {
+      DequantizeRowBf16(q + static_cast<std::size_t>(kRowBytes) * r,
+                        q_rope + static_cast<std::size_t>(kRopeDim) * r, row);
+      std::memcpy(pairs, row, sizeof(pairs));
+    } else {
+      std::memset(pairs, 0, sizeof(pairs));
+    }
+    for (int dp = 0; dp < kDimPairs; ++dp) qp[static_cast<std::size_t>(dp) * stride + r] = pairs[dp];
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale,
+                QueryBlock& b) {
+  constexpr int kMr = 6;
+  std::uint16_t* kb = static_cast<std::uint16_t*>(b.k_);
+  const std::size_t tile_rows = static_cast<std::size_t>(b.tile_tokens) + 16;
+  std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(kb + tile_rows * kHeadDim);
+  for (int j = 0; j < n; ++j) {
+    const std::int64_t row = kv_ids[j];
+    DequantizeRowBf16(kv.kv + static_cast<std::size_t>(row) * kRowBytes,
+                      kv.kv_rope + static_cast<std::size_t>(row) * kRopeDim,
+                      kb + static_cast<std::size_t>(kHeadDim) * j);
+  }
+  // Up to 15 zero rows: the score kernels round n up to their token count, PV to a pair.
+  std::memset(kb + static_cast<std::size_t>(kHeadDim) * n, 0, sizeof(std::uint16_t) * kHeadDim * 15);
+  const int num_pairs = (n + 1) / 2;
+  InterleaveTokenPairs(kb, num_pairs, vp);
+
+  const int stride = b.padded_rows;
+  const std::uint32_t* kb32 = reinterpret_cast<const std::uint32_t*>(kb);
+  int r0 = 0;
+  for (; r0 + 64 <= stride; r0 += 64) ScoreRows<4>(b, kb32, n, scale, r0);
+  for (; r0 + 32 <= stride; r0 += 32) ScoreRows<2>(b, kb32, n, scale, r0);
+  for (; r0 < stride; r0 += 16) ScoreRows<1>(b, kb32, n, scale, r0);
+
+  SoftmaxStep<true>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum, b.correction,
+                    b.pairs_);
+  for (int d0 = 0; d0 < kHeadDim; d0 += 64) {
+    for (int i0 = 0; i0 < b.num_rows; i0 += kMr) {
+      const std::uint32_t* w = b.pairs_ + i0;
+      const float* c = b.correction + i0;
+      float* acc = b.Acc(i0) + d0;
+      switch (std::min(kMr, b.num_rows - i0)) {
+        case 6: Accumulate<6>(w, stride, c, vp + d0, num_pairs, acc); break;
+        case 5: Accumulate<5>(w, stride, c, vp + d0, num_pairs, acc); break;
+        case 4: Accumulate<4>(w, stride, c, vp + d0, num_pairs, acc); break;
+        case 3: Accumulate<3>(w, stride, c, vp + d0, num_pairs, acc); break;
+        case 2: Accumulate<2>(w, stride, c, vp + d0, num_pairs, acc); break;
+        default: Accumulate<1>(w, stride, c, vp + d0, num_pairs, acc); break;
+      }
+    }
+  }
+}
+
+bool Supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+#else  // no x86-64 GCC/Clang: the fp32 kernels serve
+
+bool Supported() { return false; }
+void LoadQuery(const std::uint8_t*, const std::uint16_t*, QueryBlock&) {}
+void AttendTile(const KvRows&, const std::int32_t*, int, float, QueryBlock&) {}
+
+#endif
+
+}  // namespace jax_mla::host::bf16

@@ -1,0 +1,24 @@
+// The bf16 kernel family (host/tile_bf16.cc) as attention_tile.cc calls it. Internal to the host
+// core: executors use host/attention_tile.h.
+#ifndef JAX_MLA_HOST_TILE_KERNELS_H_
+#define JAX_MLA_HOST_TILE_KERNELS_H_
+
+#include <cstdint>
+
+#include "host/attention_tile.h"
+
+namespace jax_mla::host::bf16 {
+
+// Whether this build has the kernels and the CPU runs them (AVX512 F, BW, VL and BF16).
+bool Supported();
+
+// Q rows [num_rows] into block.q_ as bf16 pairs [256][padded_rows] (pad rows zero).
+void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& block);
+
+// One tile of n (1..tile_tokens) KV rows: scores, the softmax step, PV.
+void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float softmax_scale,
+                QueryBlock& block);
+
+}  // namespace jax_mla::host::bf16
+
+#endif  // JAX_MLA_HOST_TILE_KERNELS_H_
