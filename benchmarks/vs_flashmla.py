@@ -70,18 +70,25 @@ def flops(heads, tokens, batch, k):
 
 # --- jax_mla and plain XLA (this process) -------------------------------------------------------
 
-def time_jax(flash_shapes, other_shapes, backend, pool_dir):
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+def make_pool(pool_dir):
+  """The packed pool (jax arrays), also saved in FlashMLA's byte order for the child."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  pool = jax.random.normal(jax.random.PRNGKey(0), (POOL, 512), jnp.float32).astype(jnp.bfloat16)
+  kv, kv_rope = jax_mla.pack_rows(pool)
+  np.save(os.path.join(pool_dir, "flashmla_cache.npy"),
+          np.asarray(jax_mla.to_flashmla(kv, kv_rope, BLOCK)))
+  return kv, kv_rope
+
+
+def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
+  """jax_mla (and plain XLA for other_shapes) per shape; `progress(rows)` after each."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
   from gpu_decode import plain_xla_decode  # pylint: disable=import-outside-toplevel
   from timing import device_time  # pylint: disable=import-outside-toplevel
-
-  pool = jax.random.normal(jax.random.PRNGKey(0), (POOL, 512), jnp.float32).astype(jnp.bfloat16)
-  kv, kv_rope = jax_mla.pack_rows(pool)
-  np.save(os.path.join(pool_dir, "flashmla_cache.npy"),
-          np.asarray(jax_mla.to_flashmla(kv, kv_rope, BLOCK)))
 
   def looped(f):
     @jax.jit
@@ -107,13 +114,15 @@ def time_jax(flash_shapes, other_shapes, backend, pool_dir):
     return call
 
   rows = []
+  index_update = looped(impl("index_update", 1))  # shape-polymorphic: one function, any shape
   for shape, impls in [(s, ("jax_mla", "index_update")) for s in flash_shapes] + \
                       [(s, ("jax_mla", "plain", "index_update")) for s in other_shapes]:
     heads, tokens, batch, k = shape
     data = problem(*shape)
     q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
     args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
-    runs = {name: looped(impl(name, tokens)) for name in impls}
+    runs = {name: index_update if name == "index_update" else looped(impl(name, tokens))
+            for name in impls}
     for run in runs.values():
       jax.block_until_ready(run(*args))
     times = {name: [] for name in impls}
@@ -133,7 +142,8 @@ def time_jax(flash_shapes, other_shapes, backend, pool_dir):
     print(f"jax_mla H{heads}x{tokens} B{batch} K{k}: {row['jax_mla_us']:.1f} us net "
           f"({row['jax_mla_tflops']:.0f} TFLOP/s)"
           + (f", plain XLA {row['plain_us']:.1f} us" if "plain_us" in row else ""), flush=True)
-  return rows, dict(device=jax.devices()[0].device_kind, jax=jax.__version__)
+    progress(rows)
+  return rows
 
 
 # --- FlashMLA (a child process) -----------------------------------------------------------------
@@ -200,41 +210,57 @@ def main():
     print(json.dumps(rows))
     return
 
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # FlashMLA's torch needs room
+  import jax  # pylint: disable=import-outside-toplevel
+  meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, backend=args.backend,
+              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              steps=STEPS, rounds=ROUNDS, pool=POOL,
+              method="GPU busy time per call (profiler trace: union of GPU event intervals), "
+                     "30 calls with indices changing every call, median of 3 rounds; jax_mla "
+                     "net of its loop's index update; FlashMLA metadata computed once")
   with tempfile.TemporaryDirectory() as pool_dir:
-    rows, meta = time_jax(flash_shapes, other_shapes, args.backend, pool_dir)
+    kv, kv_rope = make_pool(pool_dir)
     ok, why = flashmla_importable()
     flash = {}
-    if ok:
+    if ok:  # first: its child is short, and its numbers survive a later time limit
       env = dict(os.environ)
       flash_dir = os.environ.get("FLASHMLA_DIR")
       paths = [os.path.abspath(flash_dir)] if flash_dir else []
       env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
       child = subprocess.run([sys.executable, __file__, "--suite", args.suite,
                               "--flashmla-child", pool_dir], env=env, capture_output=True,
-                             text=True, check=True)
+                             text=True, check=False)
       sys.stdout.write("\n".join(child.stdout.splitlines()[:-1]) + "\n")
-      flash = {(r["heads"], r["batch"], r["k"]): r for r in json.loads(
-          child.stdout.splitlines()[-1])}
+      if child.returncode == 0:
+        flash = {(r["heads"], r["batch"], r["k"]): r for r in json.loads(
+            child.stdout.splitlines()[-1])}
+      else:
+        why = f"its run failed: {child.stderr.strip()[-2000:]}"
+        print(f"FlashMLA {why}")
     else:
       print(f"FlashMLA not importable ({why}): jax_mla only")
+    meta["flashmla"] = "measured" if flash else f"not importable: {why}"
 
-  for row in rows:
-    f = flash.get((row["heads"], row["batch"], row["k"])) if row["tokens_per_seq"] == 1 else None
-    if f:
-      row.update(flashmla_us=f["flashmla_us"], flashmla_rounds=f["flashmla_rounds"],
-                 flashmla_tflops=flops(row["heads"], 1, row["batch"], row["k"]) /
-                 f["flashmla_us"] / 1e6,
-                 flashmla_over_jax_mla=f["flashmla_us"] / row["jax_mla_us"])
+    def progress(rows):
+      joined = [join(row, flash) for row in rows]
+      if args.out:
+        with open(args.out + ".json", "w") as out:
+          json.dump(dict(meta=meta, rows=joined), out, indent=1)
+
+    rows = [join(row, flash) for row in time_jax(flash_shapes, other_shapes, args.backend, kv,
+                                                  kv_rope, progress)]
   print_table(rows)
-  meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              backend=args.backend, steps=STEPS, rounds=ROUNDS, pool=POOL,
-              method="GPU busy time per call (profiler trace: union of GPU event intervals), "
-                     "30 calls with indices changing every call, median of 3 rounds; jax_mla "
-                     "net of its loop's index update; FlashMLA metadata computed once",
-              flashmla=("measured" if flash else f"not importable: {why}"))
-  if args.out:
-    with open(args.out + ".json", "w") as out:
-      json.dump(dict(meta=meta, rows=rows), out, indent=1)
+
+
+def join(row, flash):
+  """row with FlashMLA's time for its shape (when measured) and the ratio."""
+  f = flash.get((row["heads"], row["batch"], row["k"])) if row["tokens_per_seq"] == 1 else None
+  if not f:
+    return row
+  return dict(row, flashmla_us=f["flashmla_us"], flashmla_rounds=f["flashmla_rounds"],
+              flashmla_tflops=flops(row["heads"], 1, row["batch"], row["k"]) /
+              f["flashmla_us"] / 1e6,
+              flashmla_over_jax_mla=f["flashmla_us"] / row["jax_mla_us"])
 
 
 def print_table(rows):
