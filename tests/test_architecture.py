@@ -66,6 +66,7 @@ def test_each_fact_is_defined_once():
   layouts in the manifest (which test_split_lowering holds the C++ plan to)."""
   sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
   for fact, home in (("HEAD_DIM", "layout.py"), ("ROPE_DIM", "layout.py"),
+                     ("DEFAULT_SOFTMAX_SCALE", "layout.py"), ("SOFTMAX_SCALE", None),
                      ("BACKENDS", "backends.py"), ("SUPPORTED_SHAPES", None),
                      ("SPLIT_KERNEL_PAIRS", None)):
     defined = [p.name for p, text in sources.items()

@@ -19,19 +19,14 @@ Per-query-token index lists need no backend support: the API runs them as one-to
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from jax_mla._src import layout
 from jax_mla._src.sources import KVSource, is_packed
 
-KERNEL_SCALE = 1.0 / math.sqrt(layout.HEAD_DIM)  # what the kernels hard-wire
-
-
 def is_kernel_scale(softmax_scale) -> bool:
-  return softmax_scale is None or float(softmax_scale) == KERNEL_SCALE
+  return softmax_scale is None or float(softmax_scale) == layout.DEFAULT_SOFTMAX_SCALE
 
 
 def packed_query(q, q_rope, softmax_scale):
@@ -43,7 +38,7 @@ def packed_query(q, q_rope, softmax_scale):
     return q, q_rope
   values = q.astype(jnp.float32) if q_rope is None else layout.unpack_rows(q, q_rope)
   if fold:
-    values = values * jnp.float32(float(softmax_scale) / KERNEL_SCALE)
+    values = values * jnp.float32(float(softmax_scale) / layout.DEFAULT_SOFTMAX_SCALE)
   return layout.pack_rows(values)
 
 

@@ -22,6 +22,8 @@ import numpy as np
 HEAD_DIM = 512
 NOPE_DIM = 448
 ROPE_DIM = 64
+# The softmax scale AMD's kernels hard-wire; decode's default.
+DEFAULT_SOFTMAX_SCALE = 1.0 / HEAD_DIM ** 0.5
 TILE = 64
 NUM_TILES = NOPE_DIM // TILE  # 7
 ROW_BYTES = 512

@@ -8,20 +8,18 @@ a shape, and nothing is read back to the host.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from jax_mla._src import layout
 from jax_mla._src.sources import KVSource
 
-SOFTMAX_SCALE = 1.0 / math.sqrt(layout.HEAD_DIM)  # the kernels hard-wire 1/sqrt(512)
 DEFAULT_CHUNK = 256
 
 
 def reference_decode(queries, sources, sink, *, tokens_per_seq: int,
-                     softmax_scale: float = SOFTMAX_SCALE, chunk: int = DEFAULT_CHUNK):
+                     softmax_scale: float = layout.DEFAULT_SOFTMAX_SCALE,
+                     chunk: int = DEFAULT_CHUNK):
   """Decode attention over one or more KV sources; arguments already validated.
 
   Args:
@@ -115,7 +113,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_se
   sources = [KVSource(kv, kv_rope, kv_indptr, kv_indices)] + ([] if extra is None else [extra])
   out, lse = reference_decode(
       queries, sources, sink, tokens_per_seq=tokens_per_seq,
-      softmax_scale=SOFTMAX_SCALE if softmax_scale is None else float(softmax_scale))
+      softmax_scale=(layout.DEFAULT_SOFTMAX_SCALE if softmax_scale is None
+                     else float(softmax_scale)))
   return out, (lse if return_lse else None)
 
 
