@@ -138,19 +138,26 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
   }
 }
 
-TileKernels PickKernels() {
-  const char* forced = std::getenv("JAX_MLA_HOST_KERNELS");
-  if (forced != nullptr && std::string(forced) == "fp32") return TileKernels::kFp32;
-  return bf16::Supported() ? TileKernels::kAvx512Bf16 : TileKernels::kFp32;
-}
 
 std::size_t RoundUp(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+void PrefetchRow(const KvRows& kv, std::int64_t row) {
+  const char* packed = reinterpret_cast<const char*>(kv.kv + static_cast<std::size_t>(row) * kRowBytes);
+  for (int line = 0; line < kFirstScaleByte + 2 * kScaleTiles; line += 64) {
+    __builtin_prefetch(packed + line, 0, 2);
+  }
+  const char* rope = reinterpret_cast<const char*>(kv.kv_rope + static_cast<std::size_t>(row) * kRopeDim);
+  __builtin_prefetch(rope, 0, 2);
+  __builtin_prefetch(rope + 64, 0, 2);
+}
 
 }  // namespace
 
 TileKernels ActiveKernels() {
-  static const TileKernels kernels = PickKernels();
-  return kernels;
+  static const bool bf16_supported = bf16::Supported();
+  const char* forced = std::getenv("JAX_MLA_HOST_KERNELS");
+  if (forced != nullptr && std::string(forced) == "fp32") return TileKernels::kFp32;
+  return bf16_supported ? TileKernels::kAvx512Bf16 : TileKernels::kFp32;
 }
 
 const char* KernelsName(TileKernels kernels) {
@@ -184,6 +191,7 @@ QueryBlock::~QueryBlock() { std::free(storage_); }
 
 void LoadQueryRows(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
                    QueryBlock& b) {
+  b.kernels = ActiveKernels();  // a kept block follows the environment of this call
   b.num_rows = num_rows;
   b.padded_rows = (num_rows + kRowAlign - 1) / kRowAlign * kRowAlign;
   std::fill_n(b.acc_, static_cast<std::size_t>(kHeadDim) * num_rows, 0.0f);
@@ -201,6 +209,10 @@ void AttendKvRows(const KvRows& kv, const std::int32_t* kv_ids, std::int64_t num
                   float softmax_scale, QueryBlock& b) {
   for (std::int64_t t0 = 0; t0 < num_tokens; t0 += b.tile_tokens) {
     const int n = static_cast<int>(std::min<std::int64_t>(b.tile_tokens, num_tokens - t0));
+    // The next tile's rows are gathered from anywhere in the pool: ask for them into L2 now, so
+    // that they arrive while this tile computes.
+    const std::int64_t next_end = std::min<std::int64_t>(num_tokens, t0 + n + b.tile_tokens);
+    for (std::int64_t j = t0 + n; j < next_end; ++j) PrefetchRow(kv, kv_ids[j]);
     if (b.kernels == TileKernels::kAvx512Bf16) {
       bf16::AttendTile(kv, kv_ids + t0, n, softmax_scale, b);
     } else {

@@ -57,17 +57,32 @@ JAX_MLA_INLINE V8 Exp(V8 x) {
   return y;
 }
 
-// 8 e4m3fn bytes to floats, exactly DecodeE4m3fn's values (NaN for S.1111.111, as a positive
-// quiet NaN), times the tile scale.
-JAX_MLA_INLINE V8 E4m3Times(const std::uint8_t* src, float scale) {
-  const U8 b = __builtin_convertvector(*reinterpret_cast<const B8*>(src), U8);
-  const U8 mag = b & 0x7F;
-  const U8 normal = (mag << 20) + SplatU(120u << 23);  // exponent E - 7 + 127, mantissa m
-  const U8 subnormal = AsBits(__builtin_convertvector(mag, V8) * Splat(1.0f / 512));  // m 2^-9
-  U8 bits = (mag < 8) ? subnormal : normal;
+// 16 lanes, for the AVX-512 kernels (only ever inlined into functions compiled for them).
+typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef std::uint32_t U16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef std::uint8_t B16 __attribute__((vector_size(16), aligned(1), may_alias));
+typedef std::uint16_t H16 __attribute__((vector_size(32), aligned(2), may_alias));
+
+// Lanes e4m3fn bytes to floats, exactly DecodeE4m3fn's values (NaN for S.1111.111, as a
+// positive quiet NaN), times the tile scale. VF/VU/VB: float, u32 and u8 vectors of one width.
+template <typename VF, typename VU, typename VB>
+JAX_MLA_INLINE VF E4m3TimesN(const std::uint8_t* src, float scale) {
+  const VU b = __builtin_convertvector(*reinterpret_cast<const VB*>(src), VU);
+  const VU mag = b & 0x7F;
+  const VU normal = (mag << 20) + (120u << 23);  // exponent E - 7 + 127, mantissa m
+  VF sub_value = __builtin_convertvector(mag, VF) * (1.0f / 512);  // m 2^-9
+  VU subnormal;
+  std::memcpy(&subnormal, &sub_value, sizeof(subnormal));
+  VU bits = (mag < 8) ? subnormal : normal;
   bits |= (b & 0x80) << 24;
-  bits = (mag == 0x7F) ? SplatU(0x7FC00000u) : bits;
-  return AsFloat(bits) * scale;
+  bits = (mag == 0x7F) ? (mag - mag + 0x7FC00000u) : bits;
+  VF value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value * scale;
+}
+
+JAX_MLA_INLINE V8 E4m3Times(const std::uint8_t* src, float scale) {
+  return E4m3TimesN<V8, U8, B8>(src, scale);
 }
 
 JAX_MLA_INLINE float ScaleOf(const std::uint8_t* packed, int tile) {
@@ -89,16 +104,19 @@ JAX_MLA_INLINE void DequantizeRowF32(const std::uint8_t* packed, const std::uint
   }
 }
 
-// The same row as bf16 bit patterns. Exact: an e4m3 value times a power of two has 4
+// The same row as bf16 bit patterns (16 lanes: called only from the AVX-512 kernels). Exact: an e4m3 value times a power of two has 4
 // significant bits, so dropping the low 16 bits of its float loses nothing (float denormals
 // below 2^-133 aside, which become 0). The RoPE bits are copied.
 JAX_MLA_INLINE void DequantizeRowBf16(const std::uint8_t* packed, const std::uint16_t* rope,
                                       std::uint16_t* out) {
   for (int tile = 0; tile < kScaleTiles; ++tile) {
     const float scale = ScaleOf(packed, tile);
-    for (int i = 0; i < kScaleTileDim; i += 8) {
-      const U8 bits = AsBits(E4m3Times(packed + kScaleTileDim * tile + i, scale)) >> 16;
-      *reinterpret_cast<H8*>(out + kScaleTileDim * tile + i) = __builtin_convertvector(bits, H8);
+    for (int i = 0; i < kScaleTileDim; i += 16) {
+      const V16 value = E4m3TimesN<V16, U16, B16>(packed + kScaleTileDim * tile + i, scale);
+      U16 bits;
+      std::memcpy(&bits, &value, sizeof(bits));
+      *reinterpret_cast<H16*>(out + kScaleTileDim * tile + i) =
+          __builtin_convertvector(bits >> 16, H16);
     }
   }
   std::memcpy(out + kNopeDim, rope, sizeof(std::uint16_t) * kRopeDim);
