@@ -99,8 +99,10 @@ JAX_MLA_HOT_CLONES void LoadQueryFp32(const std::uint8_t* q, const std::uint16_t
 }
 
 JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_ids, int n,
-                                       float scale, QueryBlock& b) {
+                                       float scale, QueryBlock& b, const std::int32_t* next_ids,
+                                       int next_n) {
   constexpr int kMj = 6, kMr = 6;
+  RowPrefetch prefetch{kv.kv, kv.kv_rope, next_ids, next_n};
   float* k = static_cast<float*>(b.k_);
   for (int j = 0; j < n; ++j) {
     const std::int64_t row = kv_ids[j];
@@ -117,11 +119,13 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
       ScoresFp32<kMj>(static_cast<const float*>(b.q_) + r0, stride,
                       k + static_cast<std::size_t>(kHeadDim) * j0, scale,
                       b.scores_ + static_cast<std::size_t>(j0) * stride + r0);
+      prefetch.Next(1);
     }
   }
   SoftmaxStep<false>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum, b.correction,
                      nullptr);
   for (int d0 = 0; d0 < kHeadDim; d0 += 16) {
+    prefetch.Next(3);
     for (int r0 = 0; r0 < b.num_rows; r0 += kMr) {
       const float* p = b.scores_ + r0;
       const float* c = b.correction + r0;
@@ -140,16 +144,6 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
 
 
 std::size_t RoundUp(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
-
-void PrefetchRow(const KvRows& kv, std::int64_t row) {
-  const char* packed = reinterpret_cast<const char*>(kv.kv + static_cast<std::size_t>(row) * kRowBytes);
-  for (int line = 0; line < kFirstScaleByte + 2 * kScaleTiles; line += 64) {
-    __builtin_prefetch(packed + line, 0, 2);
-  }
-  const char* rope = reinterpret_cast<const char*>(kv.kv_rope + static_cast<std::size_t>(row) * kRopeDim);
-  __builtin_prefetch(rope, 0, 2);
-  __builtin_prefetch(rope + 64, 0, 2);
-}
 
 }  // namespace
 
@@ -209,14 +203,11 @@ void AttendKvRows(const KvRows& kv, const std::int32_t* kv_ids, std::int64_t num
                   float softmax_scale, QueryBlock& b) {
   for (std::int64_t t0 = 0; t0 < num_tokens; t0 += b.tile_tokens) {
     const int n = static_cast<int>(std::min<std::int64_t>(b.tile_tokens, num_tokens - t0));
-    // The next tile's rows are gathered from anywhere in the pool: ask for them into L2 now, so
-    // that they arrive while this tile computes.
-    const std::int64_t next_end = std::min<std::int64_t>(num_tokens, t0 + n + b.tile_tokens);
-    for (std::int64_t j = t0 + n; j < next_end; ++j) PrefetchRow(kv, kv_ids[j]);
+    const int next_n = static_cast<int>(std::min<std::int64_t>(b.tile_tokens, num_tokens - t0 - n));
     if (b.kernels == TileKernels::kAvx512Bf16) {
-      bf16::AttendTile(kv, kv_ids + t0, n, softmax_scale, b);
+      bf16::AttendTile(kv, kv_ids + t0, n, softmax_scale, b, kv_ids + t0 + n, next_n);
     } else {
-      AttendTileFp32(kv, kv_ids + t0, n, softmax_scale, b);
+      AttendTileFp32(kv, kv_ids + t0, n, softmax_scale, b, kv_ids + t0 + n, next_n);
     }
   }
 }

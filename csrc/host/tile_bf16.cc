@@ -131,13 +131,14 @@ JAX_MLA_BF16_INLINE void InterleaveTokenPairs(const std::uint16_t* kb, int num_p
 
 template <int kNr>
 JAX_MLA_BF16_INLINE void ScoreRows(const QueryBlock& b, const std::uint32_t* kb, int n,
-                                   float scale, int r0) {
+                                   float scale, int r0, RowPrefetch& prefetch) {
   constexpr int kMj = kNr == 4 ? 6 : kNr == 2 ? 12 : 16;  // 24, 24, 16 of 32 registers
   const int stride = b.padded_rows;
   const std::uint32_t* qp = static_cast<const std::uint32_t*>(b.q_) + r0;
   for (int j0 = 0; j0 < n; j0 += kMj) {
     Scores<kMj, kNr>(qp, stride, kb + static_cast<std::size_t>(j0) * kDimPairs, scale,
                      b.scores_ + static_cast<std::size_t>(j0) * stride + r0);
+    prefetch.Next(2);
   }
 }
 
@@ -163,8 +164,9 @@ void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& b
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale,
-                QueryBlock& b) {
+                QueryBlock& b, const std::int32_t* next_ids, int next_n) {
   constexpr int kMr = 6;
+  RowPrefetch prefetch{kv.kv, kv.kv_rope, next_ids, next_n};
   std::uint16_t* kb = static_cast<std::uint16_t*>(b.k_);
   const std::size_t tile_rows = static_cast<std::size_t>(b.tile_tokens) + 16;
   std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(kb + tile_rows * kHeadDim);
@@ -182,13 +184,14 @@ void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale
   const int stride = b.padded_rows;
   const std::uint32_t* kb32 = reinterpret_cast<const std::uint32_t*>(kb);
   int r0 = 0;
-  for (; r0 + 64 <= stride; r0 += 64) ScoreRows<4>(b, kb32, n, scale, r0);
-  for (; r0 + 32 <= stride; r0 += 32) ScoreRows<2>(b, kb32, n, scale, r0);
-  for (; r0 < stride; r0 += 16) ScoreRows<1>(b, kb32, n, scale, r0);
+  for (; r0 + 64 <= stride; r0 += 64) ScoreRows<4>(b, kb32, n, scale, r0, prefetch);
+  for (; r0 + 32 <= stride; r0 += 32) ScoreRows<2>(b, kb32, n, scale, r0, prefetch);
+  for (; r0 < stride; r0 += 16) ScoreRows<1>(b, kb32, n, scale, r0, prefetch);
 
   SoftmaxStep<true>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum, b.correction,
                     b.pairs_);
   for (int d0 = 0; d0 < kHeadDim; d0 += 64) {
+    prefetch.Next(12);
     for (int i0 = 0; i0 < b.num_rows; i0 += kMr) {
       const std::uint32_t* w = b.pairs_ + i0;
       const float* c = b.correction + i0;
@@ -215,7 +218,8 @@ bool Supported() {
 
 bool Supported() { return false; }
 void LoadQuery(const std::uint8_t*, const std::uint16_t*, QueryBlock&) {}
-void AttendTile(const KvRows&, const std::int32_t*, int, float, QueryBlock&) {}
+void AttendTile(const KvRows&, const std::int32_t*, int, float, QueryBlock&, const std::int32_t*,
+                int) {}
 
 #endif
 

@@ -15,9 +15,10 @@ bool Supported();
 // Q rows [num_rows] into block.q_ as bf16 pairs [256][padded_rows] (pad rows zero).
 void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& block);
 
-// One tile of n (1..tile_tokens) KV rows: scores, the softmax step, PV.
+// One tile of n (1..tile_tokens) KV rows: scores, the softmax step, PV; meanwhile prefetches
+// the next_n rows next_ids (the next tile).
 void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float softmax_scale,
-                QueryBlock& block);
+                QueryBlock& block, const std::int32_t* next_ids, int next_n);
 
 }  // namespace jax_mla::host::bf16
 

@@ -122,6 +122,33 @@ JAX_MLA_INLINE void DequantizeRowBf16(const std::uint8_t* packed, const std::uin
   std::memcpy(out + kNopeDim, rope, sizeof(std::uint16_t) * kRopeDim);
 }
 
+// Asks the caches (L2) for one packed KV row and its RoPE.
+JAX_MLA_INLINE void PrefetchRow(const std::uint8_t* kv, const std::uint16_t* kv_rope,
+                                std::int64_t row) {
+  const char* packed = reinterpret_cast<const char*>(kv + static_cast<std::size_t>(row) * kRowBytes);
+  for (int line = 0; line < kFirstScaleByte + 2 * kScaleTiles; line += 64) {
+    __builtin_prefetch(packed + line, 0, 2);
+  }
+  const char* rope = reinterpret_cast<const char*>(kv_rope + static_cast<std::size_t>(row) * kRopeDim);
+  __builtin_prefetch(rope, 0, 2);
+  __builtin_prefetch(rope + 64, 0, 2);
+}
+
+// The next tile's rows, gathered from anywhere in the pool, asked for a few at a time while this
+// tile computes: a whole tile's lines at once (about a thousand) overflow the outstanding-miss
+// queue, and most of those prefetches would be dropped.
+struct RowPrefetch {
+  const std::uint8_t* kv;
+  const std::uint16_t* kv_rope;
+  const std::int32_t* ids;
+  int count;
+  int done = 0;
+
+  JAX_MLA_INLINE void Next(int rows) {
+    for (; rows > 0 && done < count; --rows, ++done) PrefetchRow(kv, kv_rope, ids[done]);
+  }
+};
+
 // float -> bf16 bits, round to nearest even (NaN stays NaN): the weights of the bf16 kernels.
 JAX_MLA_INLINE U8 RoundToBf16Bits(V8 v) {
   const U8 bits = AsBits(v);

@@ -56,9 +56,10 @@ class LatencyCoeffs:
 LATENCY_MODEL_COEFFS: dict[str, LatencyCoeffs] = {}
 
 
-# The host backend: tasks per thread it aims for (two, so a thread held up by other work on the
-# machine leaves the other tasks to the rest), and the fewest KV entries worth a split of their own.
-HOST_TASKS_PER_THREAD = 2
+# The host backend: tasks per thread it aims for (one: measured on 2 cores, 4 splits at batch 1
+# were no faster than 2 at K 512-8192, and cost a larger merge), and the fewest KV entries worth
+# a split of their own.
+HOST_TASKS_PER_THREAD = 1
 HOST_MIN_SPLIT_ENTRIES = 256
 
 
