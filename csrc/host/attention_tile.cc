@@ -1,6 +1,7 @@
 #include "host/attention_tile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <limits>
@@ -183,20 +184,46 @@ QueryBlock::QueryBlock() : kernels(ActiveKernels()), tile_tokens(TileTokens()) {
 
 QueryBlock::~QueryBlock() { std::free(storage_); }
 
+namespace {
+
+void RestartSoftmax(QueryBlock& b) {
+  std::fill_n(b.acc_, static_cast<std::size_t>(kHeadDim) * b.num_rows, 0.0f);
+  std::fill_n(b.max, b.padded_rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(b.sum, b.padded_rows, 0.0f);
+  std::fill_n(b.weight_sum, b.padded_rows, 0.0f);
+}
+
+}  // namespace
+
 void LoadQueryRows(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
                    QueryBlock& b) {
   b.kernels = ActiveKernels();  // a kept block follows the environment of this call
   b.num_rows = num_rows;
   b.padded_rows = (num_rows + kRowAlign - 1) / kRowAlign * kRowAlign;
-  std::fill_n(b.acc_, static_cast<std::size_t>(kHeadDim) * num_rows, 0.0f);
-  std::fill_n(b.max, b.padded_rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(b.sum, b.padded_rows, 0.0f);
-  std::fill_n(b.weight_sum, b.padded_rows, 0.0f);
+  b.loaded_q_ = nullptr;
   if (b.kernels == TileKernels::kAvx512Bf16) {
     bf16::LoadQuery(q, q_rope, b);
   } else {
     LoadQueryFp32(q, q_rope, b);
   }
+  RestartSoftmax(b);
+}
+
+std::uint64_t NewCallId() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+void LoadQueryRowsOnce(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
+                       std::uint64_t call_id, QueryBlock& b) {
+  if (b.loaded_q_ == q && b.loaded_rows_ == num_rows && b.loaded_call_ == call_id) {
+    RestartSoftmax(b);
+    return;
+  }
+  LoadQueryRows(q, q_rope, num_rows, b);
+  b.loaded_q_ = q;
+  b.loaded_rows_ = num_rows;
+  b.loaded_call_ = call_id;
 }
 
 void AttendKvRows(const KvRows& kv, const std::int32_t* kv_ids, std::int64_t num_tokens,

@@ -12,7 +12,8 @@
 //     the output is normalised by the sum of those same rounded weights.
 //   "fp32": f32 FMAs throughout (compiled for x86-64-v3, AVX2 + FMA, and for the baseline, picked
 //     by the CPU at load time).
-// JAX_MLA_HOST_KERNELS=fp32 in the environment forces the second (read once, at first use).
+// JAX_MLA_HOST_KERNELS=fp32 in the environment forces the second (read whenever an executor
+// call sets up its threads, so tests and benchmarks can switch between calls).
 // Results never depend on threads, on calls, or on which other rows share a block.
 #ifndef JAX_MLA_HOST_ATTENTION_TILE_H_
 #define JAX_MLA_HOST_ATTENTION_TILE_H_
@@ -27,7 +28,7 @@ inline constexpr int kMaxQueryRows = 128;  // query rows of one block
 
 enum class TileKernels { kFp32, kAvx512Bf16 };
 
-// The family in use (see above).
+// The family a block set up now uses (see above).
 TileKernels ActiveKernels();
 const char* KernelsName(TileKernels kernels);
 
@@ -63,6 +64,9 @@ class QueryBlock {
   int tile_tokens;
   int padded_rows = 0;        // num_rows rounded up to 16
   float* acc_;                // [kMaxQueryRows][512]
+  const std::uint8_t* loaded_q_ = nullptr;  // what LoadQueryRowsOnce last loaded, and when
+  int loaded_rows_ = 0;
+  std::uint64_t loaded_call_ = 0;
   void* q_;                   // Q in the kernels' layout
   void* k_;                   // the dequantized KV tile (and its PV layout)
   float* scores_;             // [tile][padded_rows]
@@ -82,6 +86,15 @@ struct KvRows {
 // [num_rows, 64]) into the block and starts an empty softmax (max -inf, sums 0, acc 0).
 void LoadQueryRows(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
                    QueryBlock& block);
+
+// A number no other executor call gets: a block keeps the Q it loaded for the call that loaded
+// it, never for another (the buffer may hold other values by then).
+std::uint64_t NewCallId();
+
+// LoadQueryRows, except that a block already holding these rows, loaded during call `call_id`,
+// keeps them and only restarts its softmax (pieces of one row, one after the other).
+void LoadQueryRowsOnce(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
+                       std::uint64_t call_id, QueryBlock& block);
 
 // Attends the block to KV rows kv_ids[0..num_tokens) (indices already bounds-checked), in tiles
 // starting at kv_ids[0], each KV row dequantized once per block; scores are q.k * scale.

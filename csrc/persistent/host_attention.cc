@@ -16,7 +16,7 @@ constexpr double kLn2 = 0.6931471805599453;
 }  // namespace
 
 void AttendPiece(const PieceInputs& in, PieceScratch& s) {
-  LoadQueryRows(in.q, in.q_rope, in.num_heads, s.block);
+  LoadQueryRowsOnce(in.q, in.q_rope, in.num_heads, in.call_id, s.block);
   AttendKvRows(KvRows{in.kv, in.kv_rope}, in.kv_ids, in.num_tokens, in.softmax_scale, s.block);
   for (int h = 0; h < in.num_heads; ++h) {
     float* acc = s.block.Acc(h);
@@ -49,11 +49,15 @@ void MergeHead(const float* const* partials, const double* lse2, int num_pieces,
     weights[i] = std::exp2(lse2[i] - top);
     denominator += weights[i];
   }
-  for (int d = 0; d < kHeadDim; ++d) {
-    double sum = 0.0;
-    for (int i = 0; i < num_pieces; ++i) sum += weights[i] * partials[i][d];
-    out[d] = FloatToBf16(static_cast<float>(sum / denominator));
+  // Pieces outer, dims inner: each piece's 512 values are read once, in order (the sums over
+  // the pieces keep their order for every dim).
+  double sum[kHeadDim] = {};
+  for (int i = 0; i < num_pieces; ++i) {
+    const double w = weights[i];
+    const float* partial = partials[i];
+    for (int d = 0; d < kHeadDim; ++d) sum[d] += w * partial[d];
   }
+  for (int d = 0; d < kHeadDim; ++d) out[d] = FloatToBf16(static_cast<float>(sum[d] / denominator));
   if (lse) *lse = static_cast<float>((top + std::log2(denominator)) * kLn2);
 }
 

@@ -31,6 +31,7 @@ struct PieceInputs {
   const std::int32_t* kv_ids;
   std::int64_t num_tokens;      // >= 1
   float softmax_scale;
+  std::uint64_t call_id;        // host::NewCallId() of this executor call (Q reuse)
 };
 
 // Leaves in scratch.block.acc the normalised partial output [num_heads, 512] (sum_n w_n v_n /

@@ -225,7 +225,7 @@ Schedule MakeSchedule(const Args& a) {
 
 class Workgroups {
  public:
-  Workgroups(const Args& a, const Schedule& s) : a_(a), s_(s) {}
+  Workgroups(const Args& a, const Schedule& s) : a_(a), s_(s), call_id_(host::NewCallId()) {}
 
   // Partition p: both of its workgroups (2p: heads 0-63, 2p + 1: heads 64-127) at once. They
   // walk the same tiles, so on the host they run as one 128-row block that dequantizes each KV
@@ -279,6 +279,7 @@ class Workgroups {
     in.kv_ids = a_.kv_indices + a_.kv_indptr[r] + token_begin;
     in.num_tokens = token_end - token_begin;
     in.softmax_scale = a_.softmax_scale;
+    in.call_id = call_id_;
     host::AttendPiece(in, scratch);
   }
 
@@ -332,6 +333,7 @@ class Workgroups {
 
   const Args& a_;
   const Schedule& s_;
+  const std::uint64_t call_id_;
 };
 
 }  // namespace

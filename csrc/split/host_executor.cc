@@ -265,7 +265,7 @@ SplitRange RangeOf(const SplitArgs& a, std::int64_t b, std::int64_t split) {
 // same KV entries, so on the host they run as one block of up to 128 rows and dequantize each KV
 // row once. A row's result does not depend on which rows share its block.
 void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_unwritten,
-             host::QueryBlock& block) {
+             std::uint64_t call_id, host::QueryBlock& block) {
   const std::int64_t heads = a.gqa;
   const std::int64_t token0 = a.qo_indptr[b];
   const std::int64_t seq_rows = heads * (a.qo_indptr[b + 1] - token0);
@@ -286,8 +286,8 @@ void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_u
   const std::int64_t first_row = token0 * heads;  // (token, head) rows, token-major
   for (std::int64_t row0 = 0; row0 < rows; row0 += host::kMaxQueryRows) {
     const int num_rows = static_cast<int>(std::min<std::int64_t>(host::kMaxQueryRows, rows - row0));
-    host::LoadQueryRows(a.q + (first_row + row0) * kRowBytes,
-                        a.q_rope + (first_row + row0) * kRopeDim, num_rows, block);
+    host::LoadQueryRowsOnce(a.q + (first_row + row0) * kRowBytes,
+                            a.q_rope + (first_row + row0) * kRopeDim, num_rows, call_id, block);
     host::AttendKvRows(host::KvRows{a.kv, a.kv_rope}, a.kv_indices + kv_begin + range.lo,
                        range.hi - range.lo, a.scale, block);
     for (int r = 0; r < num_rows; ++r) {
@@ -320,11 +320,12 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
     order.emplace_back(-(r.hi - r.lo), task);
   }
   std::sort(order.begin(), order.end());
+  const std::uint64_t call_id = host::NewCallId();
   const unsigned max_threads = options.num_threads > 0 ? options.num_threads : 0;
   const bool done = host::RunWorkgroups<host::QueryBlock>(
       gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
         const std::int64_t task = order[static_cast<std::size_t>(id)].second;
-        RunTask(args, task / gz, task % gz, fill_per_task, block);
+        RunTask(args, task / gz, task % gz, fill_per_task, call_id, block);
       });
   if (!done) {
     return Status::Internal(
