@@ -95,6 +95,8 @@ def main():
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--out", default=None)
+  parser.add_argument("--kernels", action="store_true",
+                      help="also record each variant's device time per call by kernel")
   args = parser.parse_args()
 
   rows = []
@@ -111,11 +113,18 @@ def main():
           times[v].append(device_time.device_time_us(
               lambda run=run: jax.block_until_ready(run(p)), args.steps))
       med = {v: statistics.median(t) for v, t in times.items()}
+      kernels = {}
+      if args.kernels:  # where each variant's time goes, by kernel (one more run each)
+        for v, run in runs.items():
+          kernels[v] = {name: round(us, 2) for name, us in device_time.device_profile(
+              lambda run=run: jax.block_until_ready(run(p)), args.steps)[1].items()}
+          print(f"  {v}: {kernels[v]}")
       row = dict(heads=heads, batch=batch, topk=args.topk, window=args.window,
                  **{f"{v}_us": round(med[v], 2) for v in VARIANTS},
                  two_over_one=round(med["two_pools"] / med["one_pool"], 4),
                  bf16_over_one=round(med["bf16_window"] / med["one_pool"], 4),
-                 bf16_q_over_one=round(med["bf16_q"] / med["one_pool"], 4))
+                 bf16_q_over_one=round(med["bf16_q"] / med["one_pool"], 4),
+                 **({"kernels_us": kernels} if kernels else {}))
       rows.append(row)
       print(f"H {heads:3d} B {batch:3d}  one pool {med['one_pool']:8.1f} us  two pools "
             f"{med['two_pools']:8.1f} us ({row['two_over_one']:.3f}x)  bf16 window "
