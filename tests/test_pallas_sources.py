@@ -1,5 +1,7 @@
 """The Pallas kernels with two KV sources in one call (`extra=`: DeepSeek-V4's sliding window
-and compressed top-k, each its own pool) and a softmax scale other than 1/sqrt(512).
+and compressed top-k, each its own pool), a softmax scale other than 1/sqrt(512), and Q as the
+model holds it (bf16 or f32 values [T, H, 512], q_rope None: read by the kernels as they are,
+f32 rounded to bf16).
 
 The expected results come from the float64 oracle on one pool: the two pools concatenated and
 the second source's indices offset into the copy, each sequence's two lists joined. That path
@@ -75,9 +77,14 @@ def make_two_sources(rng, *, num_heads, lengths_a, lengths_b, tokens_per_seq=1, 
   return sources
 
 
-def oracle(sources, softmax_scale=None):
-  """oracle_decode on the one-pool problem; another softmax scale by scaled_oracle."""
+def oracle(sources, softmax_scale=None, q=None):
+  """oracle_decode on the one-pool problem; another softmax scale by scaled_oracle. q: float Q
+  (bf16 or f32 [T, H, 512]) in place of the batch's packed Q, as the kernels compute with it
+  (computed_query)."""
   args = sources.one_pool()
+  if q is not None:
+    scale = 1 / math.sqrt(512) if softmax_scale is None else softmax_scale
+    return values_oracle(computed_query(q), *args[2:], sources.batch.tokens_per_seq, scale)
   if softmax_scale is None:
     return oracle_decode(*args, sources.batch.tokens_per_seq)
   return scaled_oracle(*args, sources.batch.tokens_per_seq, softmax_scale)
@@ -88,7 +95,13 @@ def scaled_oracle(q_packed, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, to
   """float64 decode with scores q.k * softmax_scale, from the oracle's bit-level row decoder
   (oracle_decode fixes the scale at 1/sqrt(512); test_scaled_oracle_is_the_oracle holds this
   to it there). Sinks of +-inf and empty lists as oracle_decode."""
-  q = dequantize_rows(q_packed, q_rope)
+  return values_oracle(dequantize_rows(q_packed, q_rope), kv, kv_rope, kv_indptr, kv_indices,
+                       sink, tokens_per_seq, softmax_scale)
+
+
+def values_oracle(q, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq, softmax_scale):
+  """scaled_oracle with Q given as float64 values [T, H, 512]; a NaN in a query row makes that
+  row's out and lse NaN."""
   num_heads = q.shape[1]
   sink = np.full(num_heads, -np.inf) if sink is None else np.asarray(sink, np.float64)
   out = np.zeros(q.shape)
@@ -340,3 +353,260 @@ def test_mosaic_two_sources_edge_cases(num_heads, sink):
   empty.kv_indices2 = empty.kv_indices2[:0]
   out, lse = decode(*empty.kernel_args(), *empty.extra())
   check(as_f32(out), np.asarray(lse), oracle(empty))
+
+
+# --- Float Q: bf16 or f32 values [T, H, 512] (RoPE in dims 448..511), q_rope None ----------------
+# The kernels read them as they are, f32 rounded to bf16 (nearest even), the tensor cores'
+# operand type: no fp8 rounding, no XLA pass before the kernel.
+
+FLOAT_DTYPES = ["bfloat16", "float32"]
+
+
+def float_query(batch, rng, dtype):
+  """Q as a model holds it: the batch's packed Q's values moved off the fp8 grid (each times
+  1 + 0.2 n, n standard normal: scores stay O(1)), as `dtype` [T, H, 512]."""
+  values = dequantize_rows(batch.q, batch.q_rope)
+  values = values * (1 + 0.2 * rng.standard_normal(values.shape))
+  return np.array(jnp.asarray(values, jnp.dtype(dtype)))  # a writable copy
+
+
+def computed_query(q):
+  """The query values the kernels compute with: bf16 as given, f32 rounded to bf16."""
+  return np.asarray(jnp.asarray(jnp.asarray(q).astype(jnp.bfloat16), jnp.float32), np.float64)
+
+
+def float_args(sources, q):
+  """decode's positional arguments (sink f32 [H]) with float Q and q_rope None."""
+  return (q, None, *sources.kernel_args()[2:])
+
+
+def run_triton_float(mode, sources, q, num_kv_splits=None, softmax_scale=None, two=True):
+  decode = triton_decoder(mode, sources.batch.tokens_per_seq, num_kv_splits, softmax_scale,
+                          two_sources=two)
+  out, lse = decode(*float_args(sources, q), *(sources.extra() if two else ()))
+  return as_f32(out), np.asarray(lse)
+
+
+def assert_not_within_packing(sources, q, want, softmax_scale=None):
+  """The check has the power to tell: Q packed to fp8 (what the API did before float Q was
+  native) gives results outside the tolerance of the float-Q oracle."""
+  packed = jax.tree.map(np.asarray, jax_mla_pack_rows(jnp.asarray(q, jnp.float32)))
+  packed_sources = dataclasses.replace(sources, batch=dataclasses.replace(
+      sources.batch, q=packed[0], q_rope=packed[1]))
+  with pytest.raises(AssertionError):
+    assert_bf16_decode_close(*oracle(packed_sources, softmax_scale), *want)
+
+
+def jax_mla_pack_rows(x):
+  from jax_mla import pack_rows  # pylint: disable=import-outside-toplevel
+  return pack_rows(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 1), (16, 4), (128, 1)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_float_q_matches_the_oracle(mode, dtype, num_heads, tokens_per_seq, splits):
+  """Two sources (sequences empty in either and in both), a sink per head, poisoned padding of
+  the pools: the oracle on the Q values themselves (f32: rounded to bf16)."""
+  rng = np.random.default_rng(20 + num_heads + tokens_per_seq)
+  sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                             lengths_a=LENGTHS_A, lengths_b=LENGTHS_B,
+                             sink=rng.normal(size=num_heads).astype(np.float32))
+  q = float_query(sources.batch, rng, dtype)
+  out, lse = run_triton_float(mode, sources, q, num_kv_splits=splits)
+  want = oracle(sources, q=q)
+  check(out, lse, want)
+  if mode == "interpret" and splits == 1:
+    assert_not_within_packing(sources, q, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sink", [None, -np.inf, -2.0, 60.0, np.inf])
+@pytest.mark.parametrize("softmax_scale", [None, SCALE])
+def test_float_q_sinks_and_scales(mode, sink, softmax_scale):
+  rng = np.random.default_rng(21)
+  sources = make_two_sources(rng, num_heads=16, lengths_a=LENGTHS_A, lengths_b=LENGTHS_B,
+                             sink=sink)
+  q = float_query(sources.batch, rng, "bfloat16")
+  out, lse = run_triton_float(mode, sources, q, num_kv_splits=2, softmax_scale=softmax_scale)
+  check(out, lse, oracle(sources, softmax_scale, q=q))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("splits", [1, 2])
+def test_float_q_on_one_source_with_a_scale(mode, dtype, splits):
+  rng = np.random.default_rng(22)
+  batch = make_batch(rng, num_heads=64, lengths=[5, 0, 150], sink=0.3, extra_indices=5)
+  batch.kv = poison_padding(batch.kv, "ff")
+  q = float_query(batch, rng, dtype)
+  decode = triton_decoder(mode, 1, splits, SCALE, two_sources=False)
+  out, lse = decode(q, None, *batch.args()[2:-1], batch.sink_array())
+  check(as_f32(out), np.asarray(lse),
+        values_oracle(computed_query(q), *batch.args()[2:], 1, SCALE))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_f32_q_computes_as_its_bf16_rounding(mode):
+  """f32 Q gives bit for bit the results of the same Q rounded to bf16 (nearest even) first."""
+  rng = np.random.default_rng(23)
+  sources = make_two_sources(rng, num_heads=16, tokens_per_seq=4, lengths_a=LENGTHS_A,
+                             lengths_b=LENGTHS_B, sink=0.3)
+  q = float_query(sources.batch, rng, "float32")
+  q_bf16 = np.asarray(jnp.asarray(q).astype(jnp.bfloat16))
+  assert not np.array_equal(q_bf16.astype(np.float32), q)  # the rounding does something
+  out, lse = run_triton_float(mode, sources, q, num_kv_splits=3)
+  out16, lse16 = run_triton_float(mode, sources, q_bf16, num_kv_splits=3)
+  np.testing.assert_array_equal(out, out16)
+  np.testing.assert_array_equal(lse, lse16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_a_nan_in_float_q_stays_in_its_row(mode, dtype):
+  """A NaN in one (token, head)'s Q makes that row's out and lse NaN and no other."""
+  rng = np.random.default_rng(24)
+  sources = make_two_sources(rng, num_heads=16, lengths_a=LENGTHS_A, lengths_b=LENGTHS_B,
+                             sink=0.3)
+  q = float_query(sources.batch, rng, dtype)
+  q[4, 5, 300] = np.nan
+  out, lse = run_triton_float(mode, sources, q, num_kv_splits=2)
+  assert np.isnan(out[4, 5]).all() and np.isnan(lse[4, 5])
+  check(out, lse, oracle(sources, q=q))
+
+
+def test_float_q_backend_entry(monkeypatch):
+  """pallas.backend.decode, the registry's entry, with float Q (q_rope None) and both keywords;
+  the Triton kernel in interpret mode."""
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: ("triton", "interpret mode"))
+  monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
+  rng = np.random.default_rng(25)
+  sources = make_two_sources(rng, num_heads=64, lengths_a=LENGTHS_A, lengths_b=LENGTHS_B,
+                             sink=0.2)
+  q = float_query(sources.batch, rng, "bfloat16")
+  out, lse = jax.jit(lambda *a: pallas_backend.decode(
+      *a[:7], tokens_per_seq=1, num_kv_splits=None, return_lse=True, softmax_scale=SCALE,
+      extra=a[7:]))(*float_args(sources, q), *sources.extra())
+  check(as_f32(out), np.asarray(lse), oracle(sources, SCALE, q=q))
+
+
+def float_abstract(sources, dtype):
+  """Abstract decode arguments with float Q of `dtype` (q_rope None) and the second source."""
+  q_shape = sources.batch.q.shape
+  return [jax.ShapeDtypeStruct(q_shape, jnp.dtype(dtype)), None,
+          *abstract([*sources.kernel_args()[2:], *sources.extra()])]
+
+
+def assert_q_goes_in_as_given(text, custom_call, dtype, num_rows):
+  """One kernel call; Q reaches it as the argument reshaped (no conversion, no fp8 packing)."""
+  lines = text.splitlines()
+  calls = [line for line in lines if custom_call in line]
+  assert len(calls) == 1, calls
+  # The XLA ops around the kernel call (the call's own line holds the kernel's serialized IR).
+  outside = "\n".join(line.split(" loc(")[0] for line in lines
+                      if custom_call not in line and not line.startswith("#loc"))
+  assert "f8E4M3" not in outside, "Q was packed before the kernel"
+  assert "stablehlo.convert %arg0" not in outside, "Q was converted before the kernel"
+  # And the call takes Q's values (packed Q would be uint8 rows).
+  element = {"bfloat16": "bf16", "float32": "f32"}[dtype]
+  assert f"{num_rows}x512x{element}>" in calls[0], calls[0][:300]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("platform", ["rocm", "cuda"])
+def test_triton_lowers_float_q_into_the_kernel(platform, dtype):
+  sources = make_two_sources(np.random.default_rng(26), num_heads=128, lengths_a=[5, 7, 0],
+                             lengths_b=[9, 0, 0], sink=0.1)
+  decode = lambda q, q_rope, *a: pd.pallas_decode(q, q_rope, *a[:5], tokens_per_seq=1,
+                                                  num_kv_splits=2, softmax_scale=SCALE,
+                                                  extra=a[5:])
+  text = export_for(decode, platform, *float_abstract(sources, dtype),
+                    custom_calls=["__gpu$xla.gpu.triton"]).mlir_module()
+  assert_q_goes_in_as_given(text, "__gpu$xla.gpu.triton", dtype, 128)
+
+
+def mosaic_float_decoder(tokens_per_seq, num_kv_splits, softmax_scale):
+  from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
+  return lambda q, q_rope, *a: md.mosaic_decode(q, q_rope, *a[:5], tokens_per_seq=tokens_per_seq,
+                                                num_kv_splits_=num_kv_splits,
+                                                softmax_scale=softmax_scale, extra=a[5:])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
+def test_mosaic_lowers_float_q_for_cuda(num_heads, tokens_per_seq, lengths_a, lengths_b, splits,
+                                        dtype):
+  sources = make_two_sources(np.random.default_rng(27), num_heads=num_heads,
+                             tokens_per_seq=tokens_per_seq, lengths_a=lengths_a,
+                             lengths_b=lengths_b, sink=0.3)
+  text = export_for(mosaic_float_decoder(tokens_per_seq, splits, SCALE), "cuda",
+                    *float_abstract(sources, dtype),
+                    custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  num_rows = sources.batch.q.shape[0] * num_heads  # the kernel reads Q as rows [T * H, 512]
+  assert_q_goes_in_as_given(text, "mosaic_gpu_v2", dtype, num_rows)
+  assert ("jax_mla_merge_partials" in text) == (splits == 40)
+
+
+def test_mosaic_float_q_copy_rejects_other_dtypes():
+  from jax_mla._src.pallas.mosaic import gather  # pylint: disable=import-outside-toplevel
+  ref = jax.ShapeDtypeStruct((64, 512), jnp.float16)
+  with pytest.raises(ValueError, match="bf16 or f32"):
+    gather.copy_consecutive(ref, 0, 64, None)
+
+
+@pytest.mark.gpu
+@HOPPER
+@pytest.mark.parametrize("softmax_scale", [None, SCALE])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
+def test_mosaic_float_q_matches_the_oracle(num_heads, tokens_per_seq, lengths_a, lengths_b,
+                                           splits, dtype, softmax_scale):
+  rng = np.random.default_rng(num_heads + tokens_per_seq)
+  sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                             lengths_a=lengths_a, lengths_b=lengths_b, pool_a=4096,
+                             pool_b=2048, sink=rng.normal(size=num_heads).astype(np.float32))
+  q = float_query(sources.batch, rng, dtype)
+  out, lse = jax.jit(mosaic_float_decoder(tokens_per_seq, splits, softmax_scale))(
+      *float_args(sources, q), *sources.extra())
+  check(as_f32(out), np.asarray(lse), oracle(sources, softmax_scale, q=q))
+
+
+@pytest.mark.gpu
+@HOPPER
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
+def test_mosaic_float_q_edge_cases(num_heads, tokens_per_seq):
+  """f32 Q bit for bit as its bf16 rounding; a NaN in one (token, head) of Q stays in that
+  row; +inf and no sinks; the one-source kernel (no extra) with float Q."""
+  rng = np.random.default_rng(28)
+  sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                             lengths_a=LENGTHS_A, lengths_b=LENGTHS_B, sink=0.3)
+  q = float_query(sources.batch, rng, "float32")
+  decode = jax.jit(mosaic_float_decoder(tokens_per_seq, 2, None))
+  out, lse = decode(*float_args(sources, q), *sources.extra())
+  out16, lse16 = decode(*float_args(sources, np.asarray(jnp.asarray(q).astype(jnp.bfloat16))),
+                        *sources.extra())
+  np.testing.assert_array_equal(as_f32(out), as_f32(out16))
+  np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse16))
+  check(as_f32(out), np.asarray(lse), oracle(sources, q=q))
+
+  nan_q = q.copy()
+  nan_q[4 * tokens_per_seq, 5, 300] = np.nan
+  out, lse = decode(*float_args(sources, nan_q), *sources.extra())
+  out, lse = as_f32(out), np.asarray(lse)
+  assert np.isnan(out[4 * tokens_per_seq, 5]).all() and np.isnan(lse[4 * tokens_per_seq, 5])
+  check(out, lse, oracle(sources, q=nan_q))
+
+  for sink in (None, np.inf):
+    sinks = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                             lengths_a=LENGTHS_A, lengths_b=LENGTHS_B, sink=sink)
+    out, lse = decode(*float_args(sinks, q), *sinks.extra())
+    check(as_f32(out), np.asarray(lse), oracle(sinks, q=q))
+
+  from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
+  batch = sources.batch
+  one = jax.jit(lambda q, *a: md.mosaic_decode(q, None, *a, tokens_per_seq=tokens_per_seq,
+                                               num_kv_splits_=1, softmax_scale=SCALE))
+  out, lse = one(q, *batch.args()[2:-1], batch.sink_array())
+  check(as_f32(out), np.asarray(lse),
+        values_oracle(computed_query(q), *batch.args()[2:], tokens_per_seq, SCALE))

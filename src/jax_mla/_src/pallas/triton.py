@@ -16,6 +16,10 @@ pool) is read by the same programs: a split walks its share of the sequence's bl
 first source, then of the second, with one online softmax; no pool is copied and the output
 gets no second pass. Without it the kernel is the one-source kernel, op for op.
 
+Q comes packed (fp8 rows and bf16 RoPE, dequantized in the kernel) or as the model holds it:
+bf16 or f32 `[T, H, 512]` values read by the kernel as they are (f32 rounded to bf16 there),
+so no XLA pass packs it first and no fp8 rounding touches it.
+
 Lengths and indices are device values; the split count depends on static shapes only, so one
 executable serves every set of lengths. Padding bytes 462..511 are never read: the scale of
 tile t is read at byte 448 + 2t and nothing else past byte 447.
@@ -74,7 +78,12 @@ def _dot(a, b, *, transpose_b=False):
 
 def _load_tiles(rows_ref, rope_ref, lead, rows):
   """The 8 dequantized bf16 tiles [N, 64] of packed rows `ref[*lead, rows]` (index array or
-  slice): the 7 fp8 NoPE tiles times their scales, then the RoPE."""
+  slice): the 7 fp8 NoPE tiles times their scales, then the RoPE. rope_ref None: `rows_ref`
+  holds the 512 values themselves (bf16 or f32: float Q), read as 8 tiles and rounded to bf16
+  (round to nearest even; bf16 is read as it is)."""
+  if rope_ref is None:
+    return [rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))].astype(jnp.bfloat16)
+            for t in range(NUM_TILES)]
   raws = [rows_ref[(*lead, rows, pl.ds(t * TILE, TILE))] for t in range(layout.NUM_TILES)]
   # The first copy of each scale only; bytes 462.. (padding) are never touched.
   scales = [rows_ref[(*lead, rows, layout.SCALE_OFFSET + 2 * t)] for t in range(layout.NUM_TILES)]
@@ -91,11 +100,17 @@ def _store_pieces(ref, lead, rows, values):
     ref[(*lead, rows, pl.ds(col, width))] = value.astype(ref.dtype)
 
 
-def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_ref, sink_ref,
-                   *refs, block_rows, block_kv, num_splits, score_scale_log2, two_sources=False):
-  """refs: with two_sources the second source's indptr, indices, kv and kv_rope, then the
-  outputs. A split walks its share of the sequence's blocks, source A's then source B's, with
-  one online softmax (kernel_math.split_two_sources)."""
+def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, num_splits,
+                   score_scale_log2, two_sources=False, float_q=False):
+  """refs: q_rope (packed Q only: float_q's q_ref holds the 512 values), kv, kv_rope, sink;
+  with two_sources the second source's indptr, indices, kv and kv_rope; then the outputs. A
+  split walks its share of the sequence's blocks, source A's then source B's, with one online
+  softmax (kernel_math.split_two_sources)."""
+  if float_q:
+    q_rope_ref = None
+  else:
+    q_rope_ref, refs = refs[0], refs[1:]
+  kv_ref, kv_rope_ref, sink_ref, *refs = refs
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
@@ -112,7 +127,8 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, q_rope_ref, kv_ref, kv_rope_r
                                               block_kv)
     walks = [(indices_ref, kv_ref, kv_rope_ref, start, length, chunk_lo, chunk_hi)]
 
-  # Q dequantized in the kernel: once per program, kept on chip for the whole KV walk.
+  # Q dequantized (float Q: rounded to bf16) in the kernel: once per program, kept on chip for
+  # the whole KV walk.
   q_pieces = _load_tiles(q_ref, q_rope_ref, (seq,), q_rows)
 
   def walk(carry, indices_ref, kv_ref, kv_rope_ref, start, length, chunk_lo, chunk_hi):
@@ -188,6 +204,10 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   """Decode on the Pallas backend; arguments as `jax_mla.decode`, already validated.
 
   Args:
+    q, q_rope: packed Q (uint8 `[T, H, 512]`, bf16 `[T, H, 64]`), or float Q: bf16 or f32
+      `[T, H, 512]` values (RoPE in dims 448..511) with q_rope None, read by the kernel as they
+      are; f32 is rounded to bf16 there (round to nearest even), the tensor cores' operand
+      type. No fp8 rounding of Q either way.
     sink: f32 `[H]`; `-inf` means no sink.
     num_kv_splits: KV splits over the grid (with `extra`, splits of the two sources' entries
       together); None picks one from static shapes (`pallas_plan.num_kv_splits`).
@@ -216,8 +236,10 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       min_entries=config.min_split_entries)
 
   # [B, tokens * H, ...]: a free reshape; rows padded (zeros) only for odd head counts.
-  q3 = _pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows)
-  q_rope3 = _pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows)
+  float_q = q_rope is None
+  q_inputs = (_pad_rows(q.reshape(num_seqs, rows, layout.ROW_BYTES), padded_rows),)
+  if not float_q:
+    q_inputs += (_pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows),)
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   extra_inputs = ()
   if extra is not None:
@@ -226,13 +248,14 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
 
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
-      score_scale_log2=score_scale_log2(softmax_scale), two_sources=extra is not None)
+      score_scale_log2=score_scale_log2(softmax_scale), two_sources=extra is not None,
+      float_q=float_q)
   params = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
       kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
       grid=(num_seqs, padded_rows // block_rows, num_splits),
       interpret=interpret, name="jax_mla_pallas_decode", **params,
-  )(kv_indptr, _one_index_at_least(kv_indices), q3, q_rope3, kv, kv_rope, sink_rows,
+  )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs, kv, kv_rope, sink_rows,
     *extra_inputs)
 
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,

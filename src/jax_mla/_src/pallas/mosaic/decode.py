@@ -17,6 +17,8 @@ writes softmax-normalized f32 partials and their lse, merged by `pallas.merge` (
 Lengths and indices are device values: one executable serves every set of lengths. A second
 KV source (`extra`) is read by the same CTAs (mosaic.kernel: the producer reads either pool);
 without it, and at the default scale, the kernel lowers to the one-source kernel unchanged.
+Q may be packed or bf16/f32 values as the model holds it (q_rope None): warpgroup 0 reads
+either form into its bf16 Q tile; packed Q lowers as before.
 """
 
 from __future__ import annotations
@@ -55,14 +57,17 @@ def _plgpu():
 def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                   num_kv_splits_: int | None = None, return_lse: bool = True,
                   softmax_scale: float | None = None, extra=None):
-  """Decode with the Mosaic GPU kernel; arguments (softmax_scale and the second source `extra`
-  included) as `pallas.triton.pallas_decode`.
+  """Decode with the Mosaic GPU kernel; arguments (float Q, softmax_scale and the second source
+  `extra` included) as `pallas.triton.pallas_decode`.
 
   The kernel reads the packed fp8 Q and the raw index list itself (no XLA passes before it: GPU
   busy time on the H200, 2026-12-03, 128 heads, 39.5 against 46.4 us at B 64, K 512 and 216.9
   against 229.6 at B 128, K 2048). With an even number of 64-row blocks (128 heads) the two CTAs
   of a sequence share each block's gather in a cluster (mosaic.pair: 246.8 against 277.0 us at
-  B 128, K 2048). With `extra` its producer reads both pools (mosaic.kernel)."""
+  B 128, K 2048). With `extra` its producer reads both pools (mosaic.kernel). Float Q (bf16 or
+  f32 values, q_rope None) is read by the kernel too (mosaic.gather.copy_consecutive: f32 is
+  rounded to bf16 there), computed with as those bf16 values: no fp8 rounding, and none of the
+  XLA kernels that packing it would take first."""
   plgpu = _plgpu()
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
@@ -75,9 +80,13 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       rule=SPLIT_RULE)
 
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
-  q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
-              q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
   options = {}
+  if q_rope is None:  # float Q: the kernel reads the values (bf16; f32 rounded to bf16 there)
+    q_inputs = (q.reshape(num_tokens * num_heads, layout.HEAD_DIM),)
+    options["float_q"] = True
+  else:
+    q_inputs = (q.reshape(num_tokens * num_heads, layout.ROW_BYTES),
+                q_rope.reshape(num_tokens * num_heads, layout.ROPE_DIM))
   if softmax_scale is not None:
     options["score_scale_log2"] = score_scale_log2(softmax_scale)
   extra_inputs = ()

@@ -18,6 +18,8 @@ wavefront of 16-byte stores, write four consecutive rows times two chunk columns
 row: 2.81 us per block, every load instruction touching 32 lines.) The K tile is [2 halves,
 64 rows, 256] bf16 with tiles of 8 x 32 and the 64-byte swizzle (k_tile_transforms(), the
 kernels'); rows at or past `num_valid` are written as zeros and their index is not read.
+`copy_consecutive` fills the same tile from float rows (Q as the model holds it, bf16 or f32:
+no dequantization, f32 rounded to bf16) with the RoPE line's work split for each 64 values.
 """
 
 from __future__ import annotations
@@ -150,6 +152,117 @@ def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
                first_row=first.registers.flat[0])
 
   fill(rows_ref, rope_ref, first_row, num_valid, smem)
+
+
+# Float rows (float Q): dtypes copy_consecutive reads, and the row groups of each whose loads are
+# issued before any is stored (64 loaded words per thread either way: 8 lines of 64 values per
+# row, a 16-byte chunk of bf16 or two of f32 per line).
+FLOAT_GROUPS_IN_FLIGHT = {"bfloat16": 2, "float32": 1}
+FLOAT_LINE = 2 * TILE_COLS  # 64 values: two swizzle tiles' columns, 128 bytes of bf16
+FLOAT_LINES = layout.HEAD_DIM // FLOAT_LINE  # 8
+
+
+def float_line_columns(piece, line):
+  """(half, first column) of the one 8-column store of RoPE-style piece `piece` (lane_work's
+  third) of float line `line` (a Python int): dims FLOAT_LINE line + 8 piece .. + 7. piece: a
+  Python int (tests) or an _Int."""
+  half, first_col = divmod(line * FLOAT_LINE, HALF)
+  return half, piece * 8 + first_col
+
+
+def copy_consecutive(rows_ref, first_row, num_valid, smem):
+  """gather_consecutive for float rows: rows first_row .. first_row + 63 of rows_ref [N, 512]
+  bf16 or f32 (Q as the model holds it, RoPE in dims 448..511) into a tile shaped like K's,
+  bf16 (f32 rounded to nearest even, cvt.rn.bf16x2.f32). Rows at or past num_valid are zeros
+  and not read. Called by one whole warpgroup; the caller fences before the tile is read.
+
+  Each row is 8 lines of 64 values, moved like the RoPE line of gather_dequantize (lane_work's
+  RoPE pieces: a warp-wide load reads four rows' lines whole for bf16, and each quarter-warp's
+  16-byte stores are conflict-free): a lane moves 8 consecutive values of each line."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  dtype = str(rows_ref.dtype)
+  if dtype not in FLOAT_GROUPS_IN_FLIGHT or tuple(rows_ref.shape[1:]) != (layout.HEAD_DIM,):
+    raise ValueError(f"float rows must be bf16 or f32 [N, {layout.HEAD_DIM}]; got {dtype} "
+                     f"{tuple(rows_ref.shape)}")
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=()),
+                                plgpu.Layout.WG_SPLAT(shape=()),
+                                plgpu.RefType(k_tile_transforms())))
+  def fill(ctx, rows, first, valid_count, tile):
+    del ctx
+    _emit_copy(rows, first.registers.flat[0], valid_count.registers.flat[0], tile, dtype)
+
+  fill(rows_ref, first_row, num_valid, smem)
+
+
+def _emit_copy(rows, first_row, valid_count, k, dtype):
+  """copy_consecutive's IR: rows first_row + r for r < valid_count (row first_row's place is
+  read for the others, and zeros stored)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, gpu, llvm
+
+  i32 = ir.IntegerType.get_signless(32)
+  i64 = ir.IntegerType.get_signless(64)
+  c32 = lambda v: mgpu_utils.c(v, i32)
+  zero = c32(0)
+  value_bytes = 2 if dtype == "bfloat16" else 4
+
+  def add(a, b):
+    return arith.addi(a, mgpu_utils.c(b, a.type) if isinstance(b, int) else b)
+
+  def load16(address):
+    out = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [address],
+                          "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                          has_side_effects=False)
+    return [llvm.extractvalue(i32, out, [i]) for i in range(4)]
+
+  def to_bf16x2(lo, hi):
+    """Two f32 words -> one word of two bf16 (lo at the lower address), rounded to nearest."""
+    return llvm.inline_asm(i32, [hi, lo], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                           has_side_effects=False)
+
+  def store16(address, words):
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [address, *words],
+                    "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
+                    has_side_effects=True)
+
+  rows_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rows))
+  k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
+  f32 = ir.F32Type.get()
+  lane_in_group = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c32(128))
+  warp = arith.divui(lane_in_group, c32(32))
+  row_in_group, _, piece = (x.value for x in lane_work(_Int(arith.remui(lane_in_group,
+                                                                        c32(32)))))
+  piece_bytes = arith.extui(i64, arith.muli(piece, c32(8 * value_bytes)))
+
+  groups = groups_per_warp(False)
+  in_flight = FLOAT_GROUPS_IN_FLIGHT[dtype]
+  for first in range(0, groups, in_flight):
+    loaded = []
+    for g in range(first, first + in_flight):  # every load of these groups first
+      row = block_row(_Int(warp), g, _Int(row_in_group)).value
+      valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
+      entry = arith.extui(i64, add(first_row, arith.select(valid, row, zero)))
+      row_address = add(add(rows_base, arith.muli(entry, mgpu_utils.c(
+          layout.HEAD_DIM * value_bytes, i64))), piece_bytes)
+      data = []
+      for j in range(FLOAT_LINES):
+        line_address = add(row_address, j * FLOAT_LINE * value_bytes)
+        words = load16(line_address)
+        if value_bytes == 4:
+          words += load16(add(line_address, CHUNK))
+        data.append(words)
+      loaded.append((row, valid, data))
+    for row, valid, data in loaded:
+      for j, words in enumerate(data):
+        if value_bytes == 4:
+          words = [to_bf16x2(*(arith.bitcast(f32, w) for w in words[i:i + 2]))
+                   for i in range(0, 8, 2)]
+        half, col = float_line_columns(_Int(piece), j)
+        address = add(k_base, k_tile_offset(_Int(c32(half)), _Int(row), col).value)
+        store16(address, [arith.select(valid, w, zero) for w in words])
 
 
 def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,

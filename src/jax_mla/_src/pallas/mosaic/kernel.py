@@ -74,13 +74,14 @@ def scratch_types(pair=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, *refs, q_smem,
-           k_smem, k_free, num_splits, rows, s_full, s_free, p_smem, rows_smem, ml_full,
-           k_full=None, ready=None, pair=False, score_scale_log2=SCORE_SCALE_LOG2,
-           two_sources=False):
-  """q_ref, q_rope_ref: the packed fp8 Q as rows [T * H, 512] uint8 and [T * H, 64] bf16;
-  rows: query rows per sequence. refs: with two_sources the second source's indptr, indices,
-  pool and RoPE; then the outputs (out, lse). score_scale_log2: kernel_math's.
+def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, s_full,
+           s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
+           score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False):
+  """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
+  [T * H, 64] bf16; or (float_q) Q's values [T * H, 512] bf16 or f32, without a RoPE ref.
+  refs then: the pool, its RoPE, the sink; with two_sources the second source's indptr,
+  indices, pool and RoPE; then the outputs (out, lse). rows: query rows per sequence.
+  score_scale_log2: kernel_math's.
 
   Two sources (DeepSeek-V4's window and top-k): a split's steps walk its blocks of source A,
   then of source B (kernel_math.split_two_sources). Only the producer reads the pools, so only
@@ -88,8 +89,9 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, *
   steps (K tiles, barrier phases) on from each other. The consumers see one sequence of steps;
   per step they pick the source's length and first entry for the mask.
 
-  Warpgroup 0 dequantizes its Q block from the packed rows itself, and the producer clamps the
-  indices, so the call needs no XLA passes over Q and the indices first. s_full / s_free guard
+  Warpgroup 0 dequantizes its Q block from the packed rows itself (float Q: copies it, f32
+  rounded to bf16; mosaic.gather.copy_consecutive), and the producer clamps the indices, so the
+  call needs no XLA passes over Q and the indices first. s_full / s_free guard
   P and the row factors; warpgroup 1 takes m and l from warpgroup 0 at the end. pair
   (mosaic.pair): the grid's "rows" axis counts pairs of row blocks, the cluster axis "pair"
   picks one of the two, and the two CTAs share each block's gather. mosaic.decode has the
@@ -102,6 +104,11 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, *
   several splits went the same way, through an f32 tile laid over the dead K tiles: no faster
   on the H200, 2026-12-03, so removed; benchmarks/README.md.)"""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  if float_q:
+    q_rope_ref = None
+  else:
+    q_rope_ref, refs = refs[0], refs[1:]
+  kv_ref, rope_ref, sink_ref, *refs = refs
   seq = lax.axis_index("seq")
   if pair:
     rank = lax.axis_index("pair")
@@ -269,8 +276,12 @@ def kernel(indptr_ref, idx_ref, q_ref, q_rope_ref, kv_ref, rope_ref, sink_ref, *
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
-    mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+    if float_q:
+      mosaic_gather.copy_consecutive(q_ref, seq * rows + row0,
                                      jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+    else:
+      mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+                                       jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
     plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
     softmax_for_both()
 
