@@ -195,3 +195,64 @@ def test_vmap_equals_the_unbatched_calls(mode):
                                   np.asarray(want_out, np.float32))
     np.testing.assert_array_equal(np.asarray(lse[i]), np.asarray(want_lse))
     check(batch, out[i], lse[i])
+
+
+# --- Q as the model holds it: bf16/f32 [T, H, 512], q_rope None ("float_q" is native) -----------
+
+def float_q(batch, rng, dtype):
+  """The batch's Q values moved off the fp8 grid, as `dtype`; and the values the kernels
+  compute with (bf16 as given, f32 rounded to bf16), float64."""
+  from support.oracle import dequantize_rows  # pylint: disable=import-outside-toplevel
+  values = dequantize_rows(batch.q, batch.q_rope)
+  q = jnp.asarray(values * (1 + 0.2 * rng.standard_normal(values.shape)), jnp.dtype(dtype))
+  return q, np.asarray(q.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_float_q_is_native():
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  assert "float_q" in backends.REGISTRY["pallas"].native
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(8, 1), (16, 4), (128, 1)])
+def test_decode_takes_float_q_as_given(mode, dtype, num_heads, tokens_per_seq):
+  """The public API hands bf16/f32 Q to the kernel unpacked: the oracle on its values (f32
+  rounded to bf16), not on fp8-packed Q."""
+  del mode
+  from support.oracle import dequantize_rows, oracle_attend, token_keys  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(11 + num_heads)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
+  q, computed = float_q(batch, rng, dtype)
+  decode = jax.jit(lambda q, *a: jax_mla.decode(q, None, *a, tokens_per_seq=tokens_per_seq,
+                                                backend="pallas"))
+  out, lse = decode(q, *batch.args()[2:])
+  keys = token_keys(dequantize_rows(batch.kv, batch.kv_rope), batch.kv_indptr, batch.kv_indices,
+                    computed.shape[0], tokens_per_seq)
+  assert_bf16_decode_close(np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse),
+                           *oracle_attend(computed, keys, batch.sink, 1 / np.sqrt(512)))
+
+
+@pytest.mark.parametrize("kernel,platform,custom_call", [
+    ("mosaic", "cuda", "mosaic_gpu_v2"), ("triton", "cuda", "__gpu$xla.gpu.triton"),
+    ("triton", "rocm", "__gpu$xla.gpu.triton")])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_float_q_reaches_the_kernel_without_xla_passes(monkeypatch, kernel, platform,
+                                                       custom_call, dtype):
+  """jax_mla.decode with bf16/f32 Q lowers to the kernel call alone: Q is not packed (no fp8
+  conversion, no per-tile max) nor converted before it (the H200 spent 30-45% more time on a
+  decode given bf16 Q when the API packed it)."""
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: (kernel, "lowering only"))
+  batch = make_batch(np.random.default_rng(12), num_heads=128, lengths=[5, 0, 150], sink=0.3)
+  shapes = [jax.ShapeDtypeStruct(batch.q.shape, jnp.dtype(dtype)), None] + [
+      jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()[2:]]
+  text = export_for(lambda *a: jax_mla.decode(*a, backend="pallas", num_kv_splits=1), platform,
+                    *shapes, custom_calls=[custom_call]).mlir_module()
+  lines = text.splitlines()
+  assert len([line for line in lines if custom_call in line]) == 1
+  # The XLA ops around the kernel call (the call's own line holds the kernel's serialized IR).
+  outside = "\n".join(line.split(" loc(")[0] for line in lines
+                      if custom_call not in line and not line.startswith("#loc"))
+  assert "f8E4M3" not in outside and "stablehlo.reduce" not in outside, (
+      "Q was packed before the kernel")
+  assert "stablehlo.convert %arg0" not in outside, "Q was converted before the kernel"

@@ -87,7 +87,7 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             decode=_entry("jax_mla._src.pallas.backend", "decode"),
             decode_persistent=_entry("jax_mla._src.pallas.backend", "decode_persistent"),
             # Both kernels apply the scale exactly and read both pools in one launch.
-            native=frozenset({"softmax_scale", "extra"})),
+            native=frozenset({"softmax_scale", "extra", "float_q"})),
     Backend("reference", available=_always, decode_layouts=_any_layout,
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.reference", "decode"),
