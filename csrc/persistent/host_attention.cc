@@ -29,18 +29,18 @@ void AttendPiece(const PieceInputs& in, PieceScratch& s) {
 
 void MergeHead(const float* const* partials, const double* lse2, int num_pieces, float sink,
                std::uint16_t* out, float* lse) {
-  if (sink == std::numeric_limits<float>::infinity()) {  // the sink takes all the weight
+  bool has_nan = false;
+  for (int i = 0; i < num_pieces; ++i) has_nan |= std::isnan(lse2[i]);
+  // A NaN score (a NaN in a used row or in the query) makes the head NaN whatever the sink, as
+  // on the split path (docs/contracts.md); otherwise a +inf sink takes all the weight.
+  if (!has_nan && sink == std::numeric_limits<float>::infinity()) {
     for (int d = 0; d < kHeadDim; ++d) out[d] = 0;
     if (lse) *lse = sink;
     return;
   }
   const double sink2 = static_cast<double>(sink) * kLog2e;  // -inf stays -inf
   double top = sink2;
-  bool has_nan = false;
-  for (int i = 0; i < num_pieces; ++i) {
-    has_nan |= std::isnan(lse2[i]);
-    top = std::max(top, lse2[i]);
-  }
+  for (int i = 0; i < num_pieces; ++i) top = std::max(top, lse2[i]);
   if (has_nan) top = std::numeric_limits<double>::quiet_NaN();  // keep a NaN visible
   double weights[2 * 1024 + 1];
   double denominator = sink2 == -std::numeric_limits<double>::infinity() ? 0.0

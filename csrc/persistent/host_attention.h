@@ -41,7 +41,7 @@ void AttendPiece(const PieceInputs& in, PieceScratch& scratch);
 
 // Merges pieces of one head (partial outputs o_i[512], log2 lse_i) with the sink (natural log,
 // -inf for none, +inf gives out 0) into out (bf16 bits) and, when lse is non-null, the natural
-// log of the full denominator.
+// log of the full denominator. A NaN lse_i (a NaN score) makes out and lse NaN, +inf sink or not.
 void MergeHead(const float* const* partials, const double* lse2, int num_pieces, float sink,
                std::uint16_t* out, float* lse);
 
