@@ -1,4 +1,5 @@
-"""jax_mla.plan.num_kv_splits: the occupancy pick, the hint cap, the latency model, bad input."""
+"""jax_mla.plan.num_kv_splits: the occupancy pick, the hint cap, the latency model, bad input;
+planner.host_num_kv_splits, the host backend's plan, and which plan split_decode takes."""
 
 import math
 
@@ -73,3 +74,68 @@ def test_unknown_arch_names_the_known_ones():
 def test_bad_arguments_name_the_argument(kwargs, error, name):
   with pytest.raises(error, match=name):
     plan.num_kv_splits(**kwargs)
+
+
+# --- the host backend's plan: for the CPU it runs on --------------------------------------------
+
+@pytest.mark.parametrize("num_seqs,threads,return_lse,want", [
+    (1, 2, True, 2), (1, 2, False, 2), (2, 2, True, 2), (2, 2, False, 1), (64, 2, True, 2),
+    (64, 2, False, 1), (1, 8, True, 8), (3, 8, True, 3), (3, 8, False, 3), (1, 64, True, 16),
+    (100, 64, False, 1)])
+def test_host_plan_gives_each_thread_a_task(num_seqs, threads, return_lse, want):
+  """A (sequence, split) task holds all of a sequence's heads: splits only until every thread
+  has a task, and at least the two an LSE needs."""
+  for num_heads in (16, 128):
+    got = planner.host_num_kv_splits(num_seqs, num_heads, return_lse=return_lse,
+                                     threads=threads)
+    assert got == want
+    assert num_seqs * got >= min(threads, num_seqs * planner.MAX_SPLITS)  # a task per thread
+
+
+def test_host_plan_hint_keeps_splits_long():
+  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=1024) == 4  # 256 each
+  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=10) == 2  # the LSE's floor
+  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=10, return_lse=False) == 1
+
+
+def test_host_plan_threads_default_to_the_affinity():
+  assert planner.host_threads() >= 1
+  assert planner.host_num_kv_splits(1, 128) == max(2, min(16, planner.host_threads()))
+
+
+@pytest.mark.parametrize("kwargs,error,name", [
+    (dict(num_seqs=0, num_heads=16), ValueError, "num_seqs"),
+    (dict(num_seqs=2, num_heads=16, threads=0), ValueError, "threads"),
+    (dict(num_seqs=2, num_heads=16, kv_len_hint=-1), ValueError, "kv_len_hint"),
+])
+def test_host_plan_bad_arguments(kwargs, error, name):
+  with pytest.raises(error, match=name):
+    planner.host_num_kv_splits(**kwargs)
+
+
+def _planned_splits(backend, num_seqs, return_lse=True):
+  """The num_kv_splits split_decode binds for num_kv_splits=None (traced, nothing runs)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.aiter import split  # pylint: disable=import-outside-toplevel
+  args = (jax.ShapeDtypeStruct((num_seqs, 128, 512), jnp.uint8),
+          jax.ShapeDtypeStruct((num_seqs, 128, 64), jnp.bfloat16),
+          jax.ShapeDtypeStruct((64, 512), jnp.uint8), jax.ShapeDtypeStruct((64, 64), jnp.bfloat16),
+          jax.ShapeDtypeStruct((num_seqs + 1,), jnp.int32), jax.ShapeDtypeStruct((99,), jnp.int32),
+          jax.ShapeDtypeStruct((128,), jnp.float32))
+  jaxpr = jax.make_jaxpr(lambda *a: split.split_decode(
+      *a, tokens_per_seq=1, num_kv_splits=None, backend=backend, return_lse=return_lse))(*args)
+  (eqn,) = [e for e in jaxpr.eqns if e.primitive is split.split_decode_p]
+  return eqn.params["num_kv_splits"]
+
+
+def test_split_decode_plans_the_host_for_the_cpu_and_gfx950_for_the_mi355x():
+  """backend='host' with num_kv_splits=None takes the CPU's plan; the gfx950 plan (the MI355X
+  occupancy pick, 16 at batch 1) stays what backend='gfx950' gets and what plan.num_kv_splits
+  says."""
+  assert _planned_splits("host", 1) == planner.host_num_kv_splits(1, 128)
+  assert _planned_splits("host", 64) == 2
+  assert _planned_splits("host", 64, return_lse=False) == planner.host_num_kv_splits(
+      64, 128, return_lse=False)
+  assert _planned_splits("gfx950", 1) == plan.num_kv_splits(1, 128) == 16
+  assert _planned_splits("gfx950", 64) == plan.num_kv_splits(64, 128)
