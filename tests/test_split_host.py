@@ -1,4 +1,5 @@
-"""The host backend (the C++ executor running the nm kernel's plan) against the float64 oracle.
+"""The host backend (the C++ executor running the nm kernel's plan) against the float64 oracle,
+with both of its CPU kernel families.
 
 Every call goes through jax.jit and the FFI, with fill_unwritten_nan on unless a test says
 otherwise: whatever the executor leaves unwritten is NaN, so it cannot reach a result unseen.
@@ -225,3 +226,56 @@ def test_all_sequences_empty_with_no_indices(num_kv_splits):
   out, lse = run(batch, num_kv_splits)
   assert np.all(out == 0)
   check_against_oracle(batch, out, lse)
+
+
+# --- the CPU kernels: both families, long and ragged runs, calls at once ---------------------------
+
+@pytest.fixture(params=["default", "fp32"])
+def host_kernels(request, monkeypatch):
+  """The host core's kernel family (JAX_MLA_HOST_KERNELS, read at each call): the default is
+  AVX512-BF16 where the CPU has it."""
+  if request.param == "fp32":
+    monkeypatch.setenv("JAX_MLA_HOST_KERNELS", "fp32")
+  else:
+    monkeypatch.delenv("JAX_MLA_HOST_KERNELS", raising=False)
+  return request.param
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 5, None], ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("gqa,msq", [(128, 1), (16, 4), (32, 1)], ids=str)
+def test_long_ragged_runs_on_both_kernel_families(host_kernels, gqa, msq, num_kv_splits):
+  """Runs across the core's tile boundaries (96 or 48 tokens) and its micro-kernels' token
+  groups, with a partial last tile of every size class; rows in blocks of 128 and fewer."""
+  rng = np.random.default_rng(gqa + msq + (num_kv_splits or 0))
+  batch = make_batch(rng, num_heads=gqa, lengths=[0, 1, 47, 95, 96, 97, 191, 700],
+                     tokens_per_seq=msq, pool_rows=1000, sink=rng.standard_normal(gqa) * 2)
+  out, lse = run(batch, num_kv_splits)
+  check_against_oracle(batch, out, lse)
+
+
+def test_both_kernel_families_agree(monkeypatch):
+  rng = np.random.default_rng(41)
+  batch = make_batch(rng, num_heads=128, lengths=[300, 5, 0], pool_rows=400, sink=0.25)
+  monkeypatch.setenv("JAX_MLA_HOST_KERNELS", "fp32")
+  fp32 = run(batch, 3)
+  monkeypatch.delenv("JAX_MLA_HOST_KERNELS")
+  default = run(batch, 3)
+  scale = np.abs(fp32[0]).max()
+  np.testing.assert_allclose(default[0], fp32[0], atol=scale * 2.0**-7)
+  np.testing.assert_allclose(default[1], fp32[1], atol=1e-4)
+
+
+def test_calls_at_the_same_time_match_calls_in_turn():
+  """Executor calls from several threads at once: one gets the kept helper threads, the others
+  start their own; every result is the one a call alone gives (bit for bit)."""
+  import concurrent.futures  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(43)
+  batches = [make_batch(rng, num_heads=64, lengths=[200, 17, 0, 64], pool_rows=300, sink=0.5)
+             for _ in range(4)]
+  alone = [run(b, 2) for b in batches]
+  for _ in range(3):
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      together = list(pool.map(lambda b: run(b, 2), batches))
+    for (out, lse), (want_out, want_lse) in zip(together, alone):
+      np.testing.assert_array_equal(out, want_out)
+      np.testing.assert_array_equal(lse, want_lse)
