@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -33,14 +34,35 @@ def synthetic_batch(*, batch: int, heads: int, max_len: int, tokens_per_seq: int
   return (q, q_rope, kv, kv_rope, jnp.asarray(kv_indptr), jnp.asarray(kv_indices), sink), lengths
 
 
-def _median_seconds(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile and warm up
-  times = []
+def _median_seconds(fns, args, repeats: int) -> list[float]:
+  """Median seconds per call of each function, timed in turn round by round (so other work on
+  the machine weighs on all of them alike)."""
+  for fn in fns:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+  times = [[] for _ in fns]
   for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+    for fn, spent in zip(fns, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      spent.append(time.perf_counter() - start)
+  return [float(np.median(t)) for t in times]
+
+
+def _host_plan(batch: int, heads: int) -> str:
+  """What the host backend does with this batch on this CPU."""
+  from jax_mla._src.aiter import planner, split  # pylint: disable=import-outside-toplevel
+  flags = set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = set(next((l for l in f if l.startswith("flags")), ":").split(":", 1)[1].split())
+  except OSError:
+    pass
+  bf16 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags
+  kernels = ("AVX512-BF16" if bf16 and os.environ.get("JAX_MLA_HOST_KERNELS") != "fp32"
+             else "fp32")
+  splits = planner.host_num_kv_splits(batch, split.PADDED_HEADS.get(heads, heads))
+  return (f"{splits} KV splits x {batch} sequences on {planner.host_threads()} threads, "
+          f"{kernels} kernels")
 
 
 def run(argv=None) -> int:
@@ -52,7 +74,8 @@ def run(argv=None) -> int:
   parser.add_argument("--tokens-per-seq", type=int, default=1)
   parser.add_argument("--pool-rows", type=int, default=4096, help="rows in the KV pool")
   parser.add_argument("--backend", default="auto", choices=backends.BACKENDS)
-  parser.add_argument("--repeats", type=int, default=5, help="timed calls (median reported)")
+  parser.add_argument("--repeats", type=int, default=9,
+                      help="timed calls of each (median reported)")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
 
@@ -73,7 +96,12 @@ def run(argv=None) -> int:
           file=sys.stderr)
   print(f"batch: {args.batch} sequences x {args.tokens_per_seq} token(s), {args.heads} heads, "
         f"KV lengths {lengths.tolist()}, pool of {args.pool_rows} rows, sink on")
-  seconds = _median_seconds(run_decode, inputs, args.repeats)
+  if chosen == "host":
+    print(f"host plan: {_host_plan(args.batch, args.heads)}")
+  compare = chosen != "reference"
+  timed = _median_seconds([run_decode, run_reference] if compare else [run_decode], inputs,
+                          args.repeats)
+  seconds = timed[0]
   out, lse = run_decode(*inputs)
   ref_out, ref_lse = run_reference(*inputs)
   out = np.asarray(out.astype(jnp.float32))
@@ -82,6 +110,9 @@ def run(argv=None) -> int:
   flops = 2.0 * args.heads * args.tokens_per_seq * float(lengths.sum()) * 1024
   print(f"time per call: {seconds * 1e3:.3f} ms (median of {args.repeats}), "
         f"{flops / seconds / 1e9:.2f} GFLOP/s")
+  if compare:
+    print(f"reference: {timed[1] * 1e3:.3f} ms per call (timed in turn with it): {chosen} is "
+          f"{timed[1] / seconds:.2f}x the reference")
   print(f"out: shape {out.shape} bf16, |out| max {np.abs(out).max():.4f}; "
         f"lse: shape {lse.shape} f32")
   nonfinite = int((~np.isfinite(out)).sum() + (~np.isfinite(lse)).sum())
