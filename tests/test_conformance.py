@@ -332,6 +332,8 @@ def effective_query(backend, q, q_rope, softmax_scale):
     return dequantize_rows(*map(np.asarray, packed)), KERNEL_SCALE
   if q_rope is None and "float_q" not in native:
     return dequantize_rows(*map(np.asarray, jax_mla.pack_rows(jnp.asarray(q)))), scale
+  if q_rope is None and backend == "pallas":  # its kernels compute with Q in bf16
+    return _values(jnp.asarray(q).astype(jnp.bfloat16)), scale
   return values, scale
 
 
