@@ -1,0 +1,289 @@
+"""The CPU sweep: the host backend against the reference, side by side, at DeepSeek-V4 shapes.
+
+Usage: python benchmarks/cpu_decode.py [--batch 1 2 4 8 16 32 64] [--len 512 2048 8192]
+                                       [--rounds 5] [--impls ...] [--out PATH_STEM]
+
+Shapes: 128 heads, one token per sequence; every batch x KV length with all sequences that long
+(random pool rows of a 65,536-row pool), plus the demo's own batch (`jax-mla demo` defaults: 8
+sequences, ragged lengths up to 512 with an empty one, a sink). Implementations, each one jitted
+function timed on the host clock, all of a shape interleaved round by round
+(`timing.host_clock.interleaved`) so that other work on the machine spreads over all of them;
+the median over rounds is reported with its min and max, and `ratio` is the reference's median
+over the row's:
+
+  reference       backend="reference" (pure JAX, chunked online softmax; XLA's dot)
+  host            backend="host", num_kv_splits=None: what backend="auto" runs on a CPU
+  host-fp32       the same with the fp32 kernels (JAX_MLA_HOST_KERNELS=fp32): what a CPU without
+                  AVX512-BF16 runs
+  host-persistent decode_persistent on the host backend, make_workspace() defaults (P = 128)
+  host-kernel     the host executor alone (the split primitive at the host plan, no merge): what
+                  the merge of the split path (XLA, pure jnp) costs is host minus this
+  host-unrolled-merge  the host executor, then the same merge written as an unrolled sum over
+                  the splits (merge_unrolled below, benchmark only): what a merge XLA:CPU
+                  compiles better would give
+  xla-dot-f32     only the arithmetic, by XLA: QK and PV as jnp.einsum over K already gathered
+                  and dequantized to f32 [B, K, 512] (no gather, no dequantization, no merge):
+                  what XLA's own dot does with the inner products. Shapes up to 2^17 entries.
+  xla-dot-bf16    the same with bf16 Q, K and P, f32 accumulation (preferred_element_type).
+
+GFLOP/s count 2 * B * 128 * K * 1024 (QK and PV, 512 dims each) over the median. Memory:
+`temp_mib` is XLA's temporary allocation of the compiled call (the host path's partials and
+merge included); `host_scratch_mib` the host executor's own per-thread buffers (threads x one
+QueryBlock); `peak_rss_mib` in meta the process's peak resident memory over the whole sweep (pool
+and inputs included). meta records the machine, its load average before and after, and which
+host kernels ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_mla
+from jax_mla._src.aiter import planner, split
+from jax_mla._src.cli.demo import synthetic_batch
+from timing.host_clock import interleaved
+
+HEADS = 128
+POOL = 65536
+IMPLS = ("reference", "host", "host-fp32", "host-persistent", "host-kernel",
+         "host-unrolled-merge", "xla-dot-f32", "xla-dot-bf16")
+XLA_DOT_MAX_ENTRIES = 1 << 17  # [B, K, 512] f32 beyond this is over 256 MiB
+SCALE = 1.0 / np.sqrt(512.0)
+# One QueryBlock per thread (csrc/host/attention_tile.cc): accumulator and Q 256 KiB each, the
+# tile (up to 112 rows of 2 KiB), its scores and weight pairs.
+QUERY_BLOCK_MIB = (2 * 128 * 512 * 4 + 112 * 512 * 4 + 112 * 128 * 4 + 56 * 128 * 4) / 2**20
+
+
+def uniform_batch(batch: int, kv_len: int, seed: int = 0):
+  key = jax.random.PRNGKey(seed)
+  kq, kk, ki, ks = jax.random.split(key, 4)
+  q, q_rope = jax_mla.pack_rows(jax.random.normal(kq, (batch, HEADS, 512)) * 0.05)
+  kv, kv_rope = jax_mla.pack_rows(jax.random.normal(kk, (POOL, 512)))
+  kv_indptr = jnp.arange(batch + 1, dtype=jnp.int32) * kv_len
+  kv_indices = jax.random.randint(ki, (batch * kv_len,), 0, POOL, jnp.int32)
+  sink = jax.random.normal(ks, (HEADS,), jnp.float32)
+  return (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink), np.full(batch, kv_len)
+
+
+class HostKernels:
+  """Runs a call with JAX_MLA_HOST_KERNELS set (the executor reads it at each call)."""
+
+  def __init__(self, fn, value):
+    self.fn, self.value = fn, value
+
+  def __call__(self, *args):
+    old = os.environ.get("JAX_MLA_HOST_KERNELS")
+    os.environ["JAX_MLA_HOST_KERNELS"] = self.value
+    try:
+      return jax.block_until_ready(self.fn(*args))
+    finally:
+      if old is None:
+        del os.environ["JAX_MLA_HOST_KERNELS"]
+      else:
+        os.environ["JAX_MLA_HOST_KERNELS"] = old
+
+
+def dense_inputs(args, lengths, dtype):
+  """Q [B, H, 512] and the sequences' K [B, K, 512] (uniform lengths), dequantized."""
+  q, q_rope, kv, kv_rope, kv_indptr, kv_indices, _ = args
+  b, k = len(lengths), int(lengths[0])
+  queries = jax_mla.unpack_rows(q, q_rope).astype(dtype)
+  rows = kv_indices.reshape(b, k)
+  keys = jax_mla.unpack_rows(kv[rows], kv_rope[rows]).astype(dtype)
+  return queries, keys
+
+
+def xla_dot(queries, keys):
+  """Attention over dense K, the arithmetic only: two einsums and a softmax with XLA."""
+  f32 = jnp.float32
+  s = jnp.einsum("bhd,bkd->bhk", queries, keys, preferred_element_type=f32,
+                 precision=jax.lax.Precision.HIGHEST) * f32(SCALE)
+  p = jax.nn.softmax(s, axis=-1).astype(keys.dtype)
+  return jnp.einsum("bhk,bkd->bhd", p, keys, preferred_element_type=f32,
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+def host_kernel(*args):
+  """The split primitive at the host plan: the executor's raw results (S > 1)."""
+  q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink = args
+  num_seqs = kv_indptr.shape[0] - 1
+  splits = planner.host_num_kv_splits(num_seqs, q.shape[1])
+  seq = jnp.arange(num_seqs + 1, dtype=jnp.int32)
+  return split.split_decode_p.bind(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq,
+                                   seq * splits, num_kv_splits=splits, tokens_per_seq=1,
+                                   backend="host", fill_unwritten_nan=True)
+
+
+def merge_unrolled(partials, partial_lse, valid_split_count, kv_indptr, sink):
+  """split.merge_splits's arithmetic with the sum over splits written out (benchmark only)."""
+  num_splits = partial_lse.shape[1]
+  tiles = (kv_indptr[1:] - kv_indptr[:-1] + planner.KV_TILE - 1) // planner.KV_TILE
+  valid = jnp.minimum(jnp.minimum(num_splits, tiles), valid_split_count)
+  mask = jnp.arange(num_splits)[None, :, None] < valid[:, None, None]
+  lse = jnp.where(mask, partial_lse, -jnp.inf)
+  m = jnp.max(lse, axis=1, keepdims=True)
+  w = jnp.where(mask, jnp.where(lse == m, 1.0, jnp.exp(lse - m)), 0.0)
+  num = sum(jnp.where(mask[:, s, :, None], w[:, s, :, None] * partials[:, s], 0.0)
+            for s in range(num_splits))
+  den = jnp.sum(w, axis=1)
+  has = jnp.broadcast_to((valid > 0)[:, None], den.shape)
+  out = jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
+  lse_out = jnp.where(has, m[:, 0] + jnp.log(jnp.where(has, den, 1.0)), sink[None, :])
+  return out.astype(jnp.bfloat16), lse_out
+
+
+def make_calls(args, lengths, impls):
+  """name -> (zero-argument call, temp MiB)."""
+  uniform = len(set(lengths.tolist())) == 1
+  calls = {}
+
+  def add(name, fn, *fn_args):
+    jitted = jax.jit(fn)
+    mem = jitted.lower(*fn_args).compile().memory_analysis()
+    temp = mem.temp_size_in_bytes / 2**20 if mem is not None else float("nan")
+    call = (lambda: jitted(*fn_args))
+    calls[name] = (call, temp)
+
+  for impl in impls:
+    if impl == "reference":
+      add(impl, lambda *a: jax_mla.decode(*a, backend="reference"), *args)
+    elif impl in ("host", "host-fp32"):
+      fn = jax.jit(lambda *a: jax_mla.decode(*a, backend="host"))
+      mem = fn.lower(*args).compile().memory_analysis()
+      wrapped = HostKernels(fn, "fp32" if impl == "host-fp32" else "auto")
+      calls[impl] = ((lambda w=wrapped: w(*args)), mem.temp_size_in_bytes / 2**20)
+    elif impl == "host-persistent":
+      step = jax.jit(lambda ws, *a: jax_mla.decode_persistent(*a, ws, backend="host"),
+                     donate_argnums=0)
+      state = {"ws": jax_mla.make_workspace(max_rows=max(len(lengths), 1))}
+      mem = step.lower(state["ws"], *args).compile().memory_analysis()
+
+      def persistent_call(state=state, step=step):
+        out, lse, state["ws"] = step(state["ws"], *args)
+        return out, lse
+      calls[impl] = (persistent_call, mem.temp_size_in_bytes / 2**20)
+    elif impl == "host-kernel":
+      add(impl, host_kernel, *args)
+    elif impl == "host-unrolled-merge":
+      add(impl, lambda *a: merge_unrolled(*host_kernel(*a), a[4], a[6]), *args)
+    elif impl in ("xla-dot-f32", "xla-dot-bf16"):
+      if not uniform or len(lengths) * int(lengths[0]) > XLA_DOT_MAX_ENTRIES:
+        continue
+      dtype = jnp.float32 if impl == "xla-dot-f32" else jnp.bfloat16
+      add(impl, xla_dot, *dense_inputs(args, lengths, dtype))
+    else:
+      raise ValueError(f"unknown impl {impl!r}; known: {IMPLS}")
+  return calls
+
+
+def measure(label, args, lengths, impls, rounds):
+  calls = make_calls(args, lengths, impls)
+  times = interleaved({name: c for name, (c, _) in calls.items()}, rounds)
+  flops = 2.0 * HEADS * float(lengths.sum()) * 1024
+  ref = float(np.median(times["reference"])) if "reference" in times else None
+  threads = planner.host_threads()
+  rows = []
+  for name, (_, temp) in calls.items():
+    med = float(np.median(times[name]))
+    row = {"heads": HEADS, "tokens_per_seq": 1, "batch": len(lengths),
+           "kv_len": int(lengths.max()), "shape": label, "impl": name, "us": med * 1e6,
+           "us_min": float(np.min(times[name])) * 1e6, "us_max": float(np.max(times[name])) * 1e6,
+           "gflops": flops / med / 1e9, "ratio": (ref / med) if ref else None,
+           "temp_mib": temp, "rounds": rounds}
+    if name.startswith("host"):
+      row["host_scratch_mib"] = threads * QUERY_BLOCK_MIB
+      if name != "host-persistent":
+        row["num_kv_splits"] = planner.host_num_kv_splits(len(lengths), HEADS)
+    rows.append(row)
+    ratio = f", {row['ratio']:.2f}x the reference" if ref and name != "reference" else ""
+    print(f"{label:>12} B={len(lengths):<3} K={int(lengths.max()):<5} {name:>16}: "
+          f"{med * 1e3:9.2f} ms [{row['us_min'] / 1e3:.2f}, {row['us_max'] / 1e3:.2f}] "
+          f"{row['gflops']:6.1f} GFLOP/s, temp {temp:.1f} MiB{ratio}", flush=True)
+  return rows
+
+
+def cpu_meta():
+  model, flags, l2 = platform.processor() or platform.machine(), [], None
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name") and model in ("", platform.machine()):
+          model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+          flags = line.split(":", 1)[1].split()
+    with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+      l2 = f.read().strip()
+  except OSError:
+    pass
+  isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if f in flags]
+  return {"cpu": model, "threads": planner.host_threads(), "isa": isa, "l2_per_core": l2}
+
+
+def host_kernels():
+  """Which kernels backend='host' runs here (the C++ core's pick)."""
+  ext_flags = cpu_meta()["isa"]
+  forced = os.environ.get("JAX_MLA_HOST_KERNELS")
+  if forced == "fp32" or "avx512_bf16" not in ext_flags:
+    return "fp32"
+  return "avx512-bf16"
+
+
+def write(stem, rows, meta):
+  os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+  with open(stem + ".json", "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    f.write("\n")
+  keys = ["shape", "heads", "batch", "kv_len", "impl", "us", "us_min", "us_max", "gflops",
+          "ratio", "temp_mib", "host_scratch_mib", "num_kv_splits", "rounds"]
+  with open(stem + ".csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+  p.add_argument("--len", type=int, nargs="+", default=[512, 2048, 8192])
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+  p.add_argument("--no-demo", action="store_true", help="skip the demo's shape")
+  p.add_argument("--out", metavar="STEM", help="write STEM.json and STEM.csv")
+  a = p.parse_args(argv)
+  load_before = os.getloadavg()
+  rows = []
+  if not a.no_demo:
+    args, lengths = synthetic_batch(batch=8, heads=HEADS, max_len=512, tokens_per_seq=1,
+                                    pool_rows=4096, seed=0)
+    rows += measure("demo", args, lengths, a.impls, a.rounds)
+  for kv_len in a.len:
+    for batch in a.batch:
+      args, lengths = uniform_batch(batch, kv_len)
+      rows += measure("uniform", args, lengths, a.impls, a.rounds)
+  meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "machine": cpu_meta(), "host_kernels": host_kernels(),
+          "jax": jax.__version__, "python": platform.python_version(),
+          "benchmark": "benchmarks/cpu_decode.py " + " ".join(argv if argv is not None
+                                                              else sys.argv[1:]),
+          "load_average_before": [round(x, 2) for x in load_before],
+          "load_average_after": [round(x, 2) for x in os.getloadavg()],
+          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+  print(json.dumps(meta))
+  if a.out:
+    write(a.out, rows, meta)
+  return rows, meta
+
+
+if __name__ == "__main__":
+  main()
