@@ -26,8 +26,10 @@ if [ $# -eq 0 ]; then
     tests/test_hip_launcher.py tests/test_persistent_hip.py tests/test_split_kernargs.py \
     tests/test_persistent_kernargs.py tests/test_persistent_workspace_use.py \
     tests/test_index_checks.py tests/test_large_pool.py tests/test_hip_faults.py \
-    tests/test_fuzz.py::test_host_split_agrees_with_oracle \
-    tests/test_fuzz.py::test_host_persistent_agrees_with_oracle
+    tests/test_fuzz.py::test_host_split tests/test_fuzz.py::test_host_split_fp32_kernels \
+    tests/test_fuzz.py::test_host_persistent
+  # A quarter of the fuzz's host cases (about 170): the instrumented extension is slower.
+  export JAX_MLA_FUZZ_SCALE=${JAX_MLA_FUZZ_SCALE:-0.25}
 fi
 cd "$tree"
 # CPU only: a PJRT plugin (libtpu, ...) dlopen'ed under the preloaded ASan runtime can abort.
