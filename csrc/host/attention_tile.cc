@@ -123,8 +123,8 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
       prefetch.Next(1);
     }
   }
-  SoftmaxStep<false>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum, b.correction,
-                     nullptr);
+  SoftmaxStepN<false, V8, U8>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum,
+                              b.correction, nullptr);
   for (int d0 = 0; d0 < kHeadDim; d0 += 16) {
     prefetch.Next(3);
     for (int r0 = 0; r0 < b.num_rows; r0 += kMr) {

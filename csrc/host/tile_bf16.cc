@@ -108,6 +108,29 @@ JAX_MLA_BF16_INLINE void Accumulate(const std::uint32_t* pairs, int stride, cons
   }
 }
 
+// One packed row (and its bf16 RoPE) as 512 bf16 bit patterns. Exact: an e4m3 value times a
+// power of two has 4 significant bits, so dropping the low 16 bits of its float loses nothing
+// (float denormals below 2^-133 aside, which become 0). The RoPE bits are copied.
+JAX_MLA_BF16_INLINE void DequantizeRowBf16(const std::uint8_t* packed, const std::uint16_t* rope,
+                                           std::uint16_t* out) {
+  for (int tile = 0; tile < kScaleTiles; ++tile) {
+    const float scale = ScaleOf(packed, tile);
+    for (int i = 0; i < kScaleTileDim; i += 16) {
+      const std::uint8_t* src = packed + kScaleTileDim * tile + i;
+      const __m512i widened = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(src)));
+      U16 lanes;
+      std::memcpy(&lanes, &widened, sizeof(lanes));
+      const V16 value = E4m3TimesN<V16, U16>(lanes, scale);
+      __m512i bits;
+      std::memcpy(&bits, &value, sizeof(bits));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kScaleTileDim * tile + i),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    }
+  }
+  std::memcpy(out + kNopeDim, rope, sizeof(std::uint16_t) * kRopeDim);
+}
+
 // vp[i][d] = (kb[2i][d], kb[2i+1][d]) for the first num_pairs token pairs.
 JAX_MLA_BF16_INLINE void InterleaveTokenPairs(const std::uint16_t* kb, int num_pairs,
                                               std::uint32_t* vp) {
@@ -188,8 +211,8 @@ void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale
   for (; r0 + 32 <= stride; r0 += 32) ScoreRows<2>(b, kb32, n, scale, r0, prefetch);
   for (; r0 < stride; r0 += 16) ScoreRows<1>(b, kb32, n, scale, r0, prefetch);
 
-  SoftmaxStep<true>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum, b.correction,
-                    b.pairs_);
+  SoftmaxStepN<true, V16, U16>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum,
+                               b.correction, b.pairs_);
   for (int d0 = 0; d0 < kHeadDim; d0 += 64) {
     prefetch.Next(12);
     for (int i0 = 0; i0 < b.num_rows; i0 += kMr) {

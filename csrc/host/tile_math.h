@@ -27,47 +27,58 @@ typedef std::uint16_t H8 __attribute__((vector_size(16), aligned(2), may_alias))
 JAX_MLA_INLINE V8 LoadV8(const float* p) { return *reinterpret_cast<const V8*>(p); }
 JAX_MLA_INLINE void StoreV8(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
 JAX_MLA_INLINE V8 AsFloat(U8 v) { V8 f; std::memcpy(&f, &v, sizeof(f)); return f; }
-JAX_MLA_INLINE U8 AsBits(V8 v) { U8 u; std::memcpy(&u, &v, sizeof(u)); return u; }
 JAX_MLA_INLINE V8 Splat(float x) { return V8{x, x, x, x, x, x, x, x}; }
-JAX_MLA_INLINE U8 SplatU(std::uint32_t x) { return U8{x, x, x, x, x, x, x, x}; }
 
-// exp(x) for 8 lanes, Cephes' single-precision polynomial (about 1 ulp against std::exp).
+// Generic lane helpers: VF a float vector, VU the u32 vector of the same width.
+template <typename VF>
+JAX_MLA_INLINE VF SplatN(float x) { return VF{} + x; }
+template <typename VU, typename VF>
+JAX_MLA_INLINE VU BitsOf(VF v) { VU u; std::memcpy(&u, &v, sizeof(u)); return u; }
+template <typename VF, typename VU>
+JAX_MLA_INLINE VF FloatsOf(VU v) { VF f; std::memcpy(&f, &v, sizeof(f)); return f; }
+template <typename VF>
+JAX_MLA_INLINE VF LoadN(const float* p) { VF v; std::memcpy(&v, p, sizeof(v)); return v; }
+template <typename VF>
+JAX_MLA_INLINE void StoreN(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
+
+// exp(x) per lane, Cephes' single-precision polynomial (about 1 ulp against std::exp).
 // exp(-inf) = 0, NaN stays NaN; below ln(2^-126) it returns 0 where std::exp would return a
 // denormal (an absolute difference under 1.2e-38).
-JAX_MLA_INLINE V8 Exp(V8 x) {
-  const V8 lo = Splat(-87.33654475f), hi = Splat(88.37626266f);
-  V8 xc = x < lo ? lo : x;  // NaN compares false: it passes through
+template <typename VF, typename VU>
+JAX_MLA_INLINE VF ExpN(VF x) {
+  const VF lo = SplatN<VF>(-87.33654475f), hi = SplatN<VF>(88.37626266f);
+  VF xc = x < lo ? lo : x;  // NaN compares false: it passes through
   xc = xc > hi ? hi : xc;
-  const V8 magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const V8 shifted = xc * Splat(1.44269504088896341f) + magic;
-  const U8 n = AsBits(shifted) - AsBits(magic);  // round(x / ln 2), two's complement
-  const V8 fn = shifted - magic;
-  V8 r = xc - fn * Splat(0.693359375f);
-  r = r - fn * Splat(-2.12194440e-4f);
-  V8 p = Splat(1.9875691500e-4f);
-  p = p * r + Splat(1.3981999507e-3f);
-  p = p * r + Splat(8.3334519073e-3f);
-  p = p * r + Splat(4.1665795894e-2f);
-  p = p * r + Splat(1.6666665459e-1f);
-  p = p * r + Splat(5.0000001201e-1f);
-  p = p * (r * r) + r + Splat(1.0f);
-  V8 y = p * AsFloat((n + SplatU(127)) << 23);
-  y = x < lo ? Splat(0.0f) : y;
-  y = x > hi ? Splat(std::numeric_limits<float>::infinity()) : y;
+  const VF magic = SplatN<VF>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const VF shifted = xc * 1.44269504088896341f + magic;
+  const VU n = BitsOf<VU>(shifted) - BitsOf<VU>(magic);  // round(x / ln 2), two's complement
+  const VF fn = shifted - magic;
+  VF r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  VF p = SplatN<VF>(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  VF y = p * FloatsOf<VF>((n + 127u) << 23);
+  y = x < lo ? SplatN<VF>(0.0f) : y;
+  y = x > hi ? SplatN<VF>(std::numeric_limits<float>::infinity()) : y;
   return y;
 }
+
+JAX_MLA_INLINE V8 Exp(V8 x) { return ExpN<V8, U8>(x); }
 
 // 16 lanes, for the AVX-512 kernels (only ever inlined into functions compiled for them).
 typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef std::uint32_t U16 __attribute__((vector_size(64), aligned(4), may_alias));
-typedef std::uint8_t B16 __attribute__((vector_size(16), aligned(1), may_alias));
-typedef std::uint16_t H16 __attribute__((vector_size(32), aligned(2), may_alias));
 
-// Lanes e4m3fn bytes to floats, exactly DecodeE4m3fn's values (NaN for S.1111.111, as a
-// positive quiet NaN), times the tile scale. VF/VU/VB: float, u32 and u8 vectors of one width.
-template <typename VF, typename VU, typename VB>
-JAX_MLA_INLINE VF E4m3TimesN(const std::uint8_t* src, float scale) {
-  const VU b = __builtin_convertvector(*reinterpret_cast<const VB*>(src), VU);
+// e4m3fn bytes (already widened to u32 lanes) to floats, exactly DecodeE4m3fn's values (NaN
+// for S.1111.111, as a positive quiet NaN), times the tile scale. VF/VU: float and u32 vectors
+// of one width.
+template <typename VF, typename VU>
+JAX_MLA_INLINE VF E4m3TimesN(VU b, float scale) {
   const VU mag = b & 0x7F;
   const VU normal = (mag << 20) + (120u << 23);  // exponent E - 7 + 127, mantissa m
   VF sub_value = __builtin_convertvector(mag, VF) * (1.0f / 512);  // m 2^-9
@@ -81,8 +92,17 @@ JAX_MLA_INLINE VF E4m3TimesN(const std::uint8_t* src, float scale) {
   return value * scale;
 }
 
+// 8 bytes widened to u32 lanes. Through u16: GCC 12 turns a direct u8 -> u32 conversion into
+// scalar byte loads, but each of these two steps into one widening instruction.
+JAX_MLA_INLINE U8 Widen8(const std::uint8_t* src) {
+  typedef std::uint8_t Bytes __attribute__((vector_size(8)));
+  Bytes b;
+  std::memcpy(&b, src, sizeof(b));
+  return __builtin_convertvector(__builtin_convertvector(b, H8), U8);
+}
+
 JAX_MLA_INLINE V8 E4m3Times(const std::uint8_t* src, float scale) {
-  return E4m3TimesN<V8, U8, B8>(src, scale);
+  return E4m3TimesN<V8, U8>(Widen8(src), scale);
 }
 
 JAX_MLA_INLINE float ScaleOf(const std::uint8_t* packed, int tile) {
@@ -102,24 +122,6 @@ JAX_MLA_INLINE void DequantizeRowF32(const std::uint8_t* packed, const std::uint
     const U8 bits = __builtin_convertvector(*reinterpret_cast<const H8*>(rope + i), U8) << 16;
     StoreV8(out + kNopeDim + i, AsFloat(bits));
   }
-}
-
-// The same row as bf16 bit patterns (16 lanes: called only from the AVX-512 kernels). Exact: an e4m3 value times a power of two has 4
-// significant bits, so dropping the low 16 bits of its float loses nothing (float denormals
-// below 2^-133 aside, which become 0). The RoPE bits are copied.
-JAX_MLA_INLINE void DequantizeRowBf16(const std::uint8_t* packed, const std::uint16_t* rope,
-                                      std::uint16_t* out) {
-  for (int tile = 0; tile < kScaleTiles; ++tile) {
-    const float scale = ScaleOf(packed, tile);
-    for (int i = 0; i < kScaleTileDim; i += 16) {
-      const V16 value = E4m3TimesN<V16, U16, B16>(packed + kScaleTileDim * tile + i, scale);
-      U16 bits;
-      std::memcpy(&bits, &value, sizeof(bits));
-      *reinterpret_cast<H16*>(out + kScaleTileDim * tile + i) =
-          __builtin_convertvector(bits >> 16, H16);
-    }
-  }
-  std::memcpy(out + kNopeDim, rope, sizeof(std::uint16_t) * kRopeDim);
 }
 
 // Asks the caches (L2) for one packed KV row and its RoPE.
@@ -150,63 +152,69 @@ struct RowPrefetch {
 };
 
 // float -> bf16 bits, round to nearest even (NaN stays NaN): the weights of the bf16 kernels.
-JAX_MLA_INLINE U8 RoundToBf16Bits(V8 v) {
-  const U8 bits = AsBits(v);
-  return (bits + SplatU(0x7FFF) + ((bits >> 16) & 1)) >> 16;
+template <typename VU, typename VF>
+JAX_MLA_INLINE VU RoundToBf16Bits(VF v) {
+  const VU bits = BitsOf<VU>(v);
+  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
-// The online-softmax step of one tile, 8 query rows at a time. scores [tokens][stride] holds the
-// scaled scores of this tile (stride = rows padded to a multiple of 8; columns past the block's
-// rows are computed and ignored). For each row:
+// The online-softmax step of one tile, one vector of query rows at a time (VF/VU: float and u32
+// vectors of one width, 8 or 16 lanes). scores [tokens][stride] holds the scaled scores of this
+// tile (stride = rows padded to a multiple of the width; columns past the block's rows are
+// computed and ignored). For each row:
 //   new_max = max(max, max_j s_j) (a NaN score is skipped here and reaches sum and acc below),
 //   correction = exp(max - new_max) (0 while nothing was seen),
 //   p_j = exp(s_j - new_max), sum = sum * correction + sum_j p_j,
 //   weight_sum = weight_sum * correction + sum_j w_j, w_j the weight PV uses:
 // kBf16Weights false: w_j = p_j, written over the scores. true: w_j = bf16(p_j), written as
 // pairs (w_2i | w_2i+1 << 16) to pairs[i][stride], with w = 0 past the last token.
-template <bool kBf16Weights>
-JAX_MLA_INLINE void SoftmaxStep(float* scores, int stride, int rows, int tokens, float* max,
-                                float* sum, float* weight_sum, float* correction,
-                                std::uint32_t* pairs) {
-  const V8 neg_inf = Splat(-std::numeric_limits<float>::infinity());
-  for (int r = 0; r < rows; r += 8) {
-    const V8 old_max = LoadV8(max + r);
-    V8 tile_max = neg_inf;
+template <bool kBf16Weights, typename VF, typename VU>
+JAX_MLA_INLINE void SoftmaxStepN(float* scores, int stride, int rows, int tokens, float* max,
+                                 float* sum, float* weight_sum, float* correction,
+                                 std::uint32_t* pairs) {
+  constexpr int kLanes = sizeof(VF) / sizeof(float);
+  const VF neg_inf = SplatN<VF>(-std::numeric_limits<float>::infinity());
+  const VF zero = SplatN<VF>(0.0f);
+  for (int r = 0; r < rows; r += kLanes) {
+    const VF old_max = LoadN<VF>(max + r);
+    VF tile_max = neg_inf;
     for (int j = 0; j < tokens; ++j) {
-      const V8 s = LoadV8(scores + static_cast<std::size_t>(j) * stride + r);
+      const VF s = LoadN<VF>(scores + static_cast<std::size_t>(j) * stride + r);
       tile_max = tile_max < s ? s : tile_max;
     }
-    const V8 new_max = old_max < tile_max ? tile_max : old_max;
-    const V8 c = old_max == neg_inf ? Splat(0.0f) : Exp(old_max - new_max);
-    V8 tile_sum = Splat(0.0f), tile_weights = Splat(0.0f);
+    const VF new_max = old_max < tile_max ? tile_max : old_max;
+    const VF c = old_max == neg_inf ? zero : ExpN<VF, VU>(old_max - new_max);
+    VF tile_sum = zero, tile_weights = zero;
     if constexpr (kBf16Weights) {
       for (int j = 0; j < tokens; j += 2) {
-        const V8 p0 = Exp(LoadV8(scores + static_cast<std::size_t>(j) * stride + r) - new_max);
-        V8 p1 = Splat(0.0f);
+        const VF p0 = ExpN<VF, VU>(LoadN<VF>(scores + static_cast<std::size_t>(j) * stride + r) -
+                                   new_max);
+        VF p1 = zero;
         if (j + 1 < tokens) {
-          p1 = Exp(LoadV8(scores + static_cast<std::size_t>(j + 1) * stride + r) - new_max);
+          p1 = ExpN<VF, VU>(LoadN<VF>(scores + static_cast<std::size_t>(j + 1) * stride + r) -
+                            new_max);
         }
-        const U8 w0 = RoundToBf16Bits(p0), w1 = RoundToBf16Bits(p1);
+        const VU w0 = RoundToBf16Bits<VU>(p0), w1 = RoundToBf16Bits<VU>(p1);
         tile_sum += p0;
         tile_sum += p1;
-        tile_weights += AsFloat(w0 << 16);
-        tile_weights += AsFloat(w1 << 16);
-        *reinterpret_cast<U8*>(pairs + static_cast<std::size_t>(j / 2) * stride + r) =
-            w0 | (w1 << 16);
+        tile_weights += FloatsOf<VF>(w0 << 16);
+        tile_weights += FloatsOf<VF>(w1 << 16);
+        const VU pair = w0 | (w1 << 16);
+        std::memcpy(pairs + static_cast<std::size_t>(j / 2) * stride + r, &pair, sizeof(pair));
       }
     } else {
       for (int j = 0; j < tokens; ++j) {
         float* row = scores + static_cast<std::size_t>(j) * stride + r;
-        const V8 p = Exp(LoadV8(row) - new_max);
+        const VF p = ExpN<VF, VU>(LoadN<VF>(row) - new_max);
         tile_sum += p;
-        StoreV8(row, p);
+        StoreN(row, p);
       }
       tile_weights = tile_sum;
     }
-    StoreV8(sum + r, LoadV8(sum + r) * c + tile_sum);
-    StoreV8(weight_sum + r, LoadV8(weight_sum + r) * c + tile_weights);
-    StoreV8(max + r, new_max);
-    StoreV8(correction + r, c);
+    StoreN(sum + r, LoadN<VF>(sum + r) * c + tile_sum);
+    StoreN(weight_sum + r, LoadN<VF>(weight_sum + r) * c + tile_weights);
+    StoreN(max + r, new_max);
+    StoreN(correction + r, c);
   }
 }
 
