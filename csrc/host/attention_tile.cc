@@ -55,16 +55,16 @@ JAX_MLA_INLINE void ScoresFp32(const float* qt, int stride, const float* k, floa
 }
 
 // acc[r][d] = acc[r][d] * correction[r] + sum_j p[j][r] * v[j][d] for kMr rows x 16 dims, the
-// tokens in order.
+// tokens in order (acc read as 0 when fresh).
 template <int kMr>
 JAX_MLA_INLINE void AccumulateFp32(const float* p, int stride, const float* correction,
-                                   const float* v, int n, float* acc) {
+                                   const float* v, int n, float* acc, bool fresh) {
   V8 a[kMr], b[kMr];
 #pragma GCC unroll 8
   for (int i = 0; i < kMr; ++i) {
     const float c = correction[i];
-    a[i] = c * LoadV8(acc + static_cast<std::size_t>(i) * kHeadDim);
-    b[i] = c * LoadV8(acc + static_cast<std::size_t>(i) * kHeadDim + 8);
+    a[i] = fresh ? Splat(0.0f) : c * LoadV8(acc + static_cast<std::size_t>(i) * kHeadDim);
+    b[i] = fresh ? Splat(0.0f) : c * LoadV8(acc + static_cast<std::size_t>(i) * kHeadDim + 8);
   }
   for (int j = 0; j < n; ++j) {
     const V8 v0 = LoadV8(v + static_cast<std::size_t>(j) * kHeadDim);
@@ -125,6 +125,8 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
   }
   SoftmaxStepN<false, V8, U8>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum,
                               b.correction, nullptr);
+  const bool fresh = b.acc_empty_;
+  b.acc_empty_ = false;
   for (int d0 = 0; d0 < kHeadDim; d0 += 16) {
     prefetch.Next(3);
     for (int r0 = 0; r0 < b.num_rows; r0 += kMr) {
@@ -132,12 +134,12 @@ JAX_MLA_HOT_CLONES void AttendTileFp32(const KvRows& kv, const std::int32_t* kv_
       const float* c = b.correction + r0;
       float* acc = b.Acc(r0) + d0;
       switch (std::min(kMr, b.num_rows - r0)) {
-        case 6: AccumulateFp32<6>(p, stride, c, k + d0, n, acc); break;
-        case 5: AccumulateFp32<5>(p, stride, c, k + d0, n, acc); break;
-        case 4: AccumulateFp32<4>(p, stride, c, k + d0, n, acc); break;
-        case 3: AccumulateFp32<3>(p, stride, c, k + d0, n, acc); break;
-        case 2: AccumulateFp32<2>(p, stride, c, k + d0, n, acc); break;
-        default: AccumulateFp32<1>(p, stride, c, k + d0, n, acc); break;
+        case 6: AccumulateFp32<6>(p, stride, c, k + d0, n, acc, fresh); break;
+        case 5: AccumulateFp32<5>(p, stride, c, k + d0, n, acc, fresh); break;
+        case 4: AccumulateFp32<4>(p, stride, c, k + d0, n, acc, fresh); break;
+        case 3: AccumulateFp32<3>(p, stride, c, k + d0, n, acc, fresh); break;
+        case 2: AccumulateFp32<2>(p, stride, c, k + d0, n, acc, fresh); break;
+        default: AccumulateFp32<1>(p, stride, c, k + d0, n, acc, fresh); break;
       }
     }
   }
@@ -187,7 +189,7 @@ QueryBlock::~QueryBlock() { std::free(storage_); }
 namespace {
 
 void RestartSoftmax(QueryBlock& b) {
-  std::fill_n(b.acc_, static_cast<std::size_t>(kHeadDim) * b.num_rows, 0.0f);
+  b.acc_empty_ = true;  // the first tile's PV starts from 0 instead of reading acc
   std::fill_n(b.max, b.padded_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(b.sum, b.padded_rows, 0.0f);
   std::fill_n(b.weight_sum, b.padded_rows, 0.0f);
@@ -236,6 +238,10 @@ void AttendKvRows(const KvRows& kv, const std::int32_t* kv_ids, std::int64_t num
     } else {
       AttendTileFp32(kv, kv_ids + t0, n, softmax_scale, b, kv_ids + t0 + n, next_n);
     }
+  }
+  if (b.acc_empty_) {  // no tokens: the accumulator is 0
+    std::fill_n(b.acc_, static_cast<std::size_t>(kHeadDim) * b.num_rows, 0.0f);
+    b.acc_empty_ = false;
   }
 }
 

@@ -64,6 +64,7 @@ class QueryBlock {
   int tile_tokens;
   int padded_rows = 0;        // num_rows rounded up to 16
   float* acc_;                // [kMaxQueryRows][512]
+  bool acc_empty_ = true;     // acc_ not yet written since the softmax restarted (read as 0)
   const std::uint8_t* loaded_q_ = nullptr;  // what LoadQueryRowsOnce last loaded, and when
   int loaded_rows_ = 0;
   std::uint64_t loaded_call_ = 0;

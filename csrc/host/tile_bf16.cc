@@ -74,17 +74,20 @@ JAX_MLA_BF16_INLINE void Scores(const std::uint32_t* qp, int stride, const std::
 }
 
 // acc[r][d] = acc[r][d] * correction[r] + sum_i w[r][2i] v[2i][d] + w[r][2i+1] v[2i+1][d] for
-// kMr rows x 64 dims, the token pairs in order.
+// kMr rows x 64 dims, the token pairs in order (acc read as 0 when fresh).
 template <int kMr>
 JAX_MLA_BF16_INLINE void Accumulate(const std::uint32_t* pairs, int stride, const float* correction,
-                                    const std::uint32_t* vp, int num_pairs, float* acc) {
+                                    const std::uint32_t* vp, int num_pairs, float* acc,
+                                    bool fresh) {
   __m512 a[kMr][4];
 #pragma GCC unroll 8
   for (int i = 0; i < kMr; ++i) {
     const __m512 c = _mm512_set1_ps(correction[i]);
 #pragma GCC unroll 4
     for (int x = 0; x < 4; ++x) {
-      a[i][x] = _mm512_mul_ps(c, _mm512_loadu_ps(acc + static_cast<std::size_t>(i) * kHeadDim + 16 * x));
+      a[i][x] = fresh ? _mm512_setzero_ps()
+                      : _mm512_mul_ps(c, _mm512_loadu_ps(acc + static_cast<std::size_t>(i) *
+                                                               kHeadDim + 16 * x));
     }
   }
   for (int jp = 0; jp < num_pairs; ++jp) {
@@ -171,17 +174,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"))
 void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& b) {
   std::uint32_t* qp = static_cast<std::uint32_t*>(b.q_);
   const int stride = b.padded_rows;
-  alignas(64) std::uint16_t row[kHeadDim];
-  std::uint32_t pairs[kDimPairs];
-  for (int r = 0; r < stride; ++r) {
-    if (r < b.num_rows) {
-      DequantizeRowBf16(q + static_cast<std::size_t>(kRowBytes) * r,
-                        q_rope + static_cast<std::size_t>(kRopeDim) * r, row);
-      std::memcpy(pairs, row, sizeof(pairs));
-    } else {
-      std::memset(pairs, 0, sizeof(pairs));
+  // 16 rows at a time: dequantized row-major, then written along the rows, 64 bytes per pair.
+  alignas(64) std::uint32_t rows[16][kDimPairs];
+  for (int r0 = 0; r0 < stride; r0 += 16) {
+    for (int i = 0; i < 16; ++i) {
+      const int r = r0 + i;
+      if (r < b.num_rows) {
+        DequantizeRowBf16(q + static_cast<std::size_t>(kRowBytes) * r,
+                          q_rope + static_cast<std::size_t>(kRopeDim) * r,
+                          reinterpret_cast<std::uint16_t*>(rows[i]));
+      } else {
+        std::memset(rows[i], 0, sizeof(rows[i]));
+      }
     }
-    for (int dp = 0; dp < kDimPairs; ++dp) qp[static_cast<std::size_t>(dp) * stride + r] = pairs[dp];
+    const __m512i lanes = _mm512_setr_epi32(0, kDimPairs, 2 * kDimPairs, 3 * kDimPairs,
+                                            4 * kDimPairs, 5 * kDimPairs, 6 * kDimPairs,
+                                            7 * kDimPairs, 8 * kDimPairs, 9 * kDimPairs,
+                                            10 * kDimPairs, 11 * kDimPairs, 12 * kDimPairs,
+                                            13 * kDimPairs, 14 * kDimPairs, 15 * kDimPairs);
+    for (int dp = 0; dp < kDimPairs; ++dp) {
+      _mm512_storeu_si512(qp + static_cast<std::size_t>(dp) * stride + r0,
+                          _mm512_i32gather_epi32(lanes, &rows[0][dp], 4));
+    }
   }
 }
 
@@ -213,6 +227,8 @@ void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale
 
   SoftmaxStepN<true, V16, U16>(b.scores_, stride, stride, n, b.max, b.sum, b.weight_sum,
                                b.correction, b.pairs_);
+  const bool fresh = b.acc_empty_;
+  b.acc_empty_ = false;
   for (int d0 = 0; d0 < kHeadDim; d0 += 64) {
     prefetch.Next(12);
     for (int i0 = 0; i0 < b.num_rows; i0 += kMr) {
@@ -220,12 +236,12 @@ void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale
       const float* c = b.correction + i0;
       float* acc = b.Acc(i0) + d0;
       switch (std::min(kMr, b.num_rows - i0)) {
-        case 6: Accumulate<6>(w, stride, c, vp + d0, num_pairs, acc); break;
-        case 5: Accumulate<5>(w, stride, c, vp + d0, num_pairs, acc); break;
-        case 4: Accumulate<4>(w, stride, c, vp + d0, num_pairs, acc); break;
-        case 3: Accumulate<3>(w, stride, c, vp + d0, num_pairs, acc); break;
-        case 2: Accumulate<2>(w, stride, c, vp + d0, num_pairs, acc); break;
-        default: Accumulate<1>(w, stride, c, vp + d0, num_pairs, acc); break;
+        case 6: Accumulate<6>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
+        case 5: Accumulate<5>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
+        case 4: Accumulate<4>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
+        case 3: Accumulate<3>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
+        case 2: Accumulate<2>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
+        default: Accumulate<1>(w, stride, c, vp + d0, num_pairs, acc, fresh); break;
       }
     }
   }
