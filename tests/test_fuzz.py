@@ -11,12 +11,15 @@ the oracle's non-finite pattern first, then its values (support.compare.assert_c
 Cheap by construction. Every case of a path has one of a few static shapes (`BUCKETS`: sequences,
 index capacity, pool rows), so each (path, options, shape) compiles once and serves all its cases
 (`jitted` keeps the functions); the lengths, indices, values, sinks and NaNs are data. The fuzz
-takes about a minute and a half on the 2-core CI machine.
+takes about three minutes on the 2-core development machine (all three input kinds).
 
 Structure, for a new input form: `draw_case` draws the common part (layout, lengths, sinks,
 NaN and poison plans, seed); an input kind (`INPUT_KINDS`) turns it into the call's arguments and
-the oracle's values (queries and each query token's keys). "packed" is today's only kind; a
-second KV source (`extra=`) or bf16 Q is one more function returning an `Inputs`, and one entry.
+the oracle's values (queries and each query token's keys). Kinds: "packed" (fp8 Q, one packed
+pool); "two_sources" (a second packed pool through `extra=`, its lists shared or one per query
+token); "model_values" (bf16 Q and a bf16 pool with `q_rope=None` / `kv_rope=None`, values fp8
+holds exactly, so every backend's documented form of them, as given or packed, is the same
+values; and a softmax scale twice the kernels', which folds into Q exactly).
 
 NaN precedence: where a head's scores hold a NaN (a NaN in a used KV row or in its query row),
 its out and lse are NaN whatever the sink, +inf included (docs/contracts.md: "that sequence's
@@ -36,6 +39,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -46,7 +50,7 @@ from jax_mla._src import backends
 from jax_mla._src.pallas import backend as pallas_backend
 from support.compare import assert_close
 from support.oracle import dequantize_rows, oracle_attend, token_keys
-from support.rows import POISON_PATTERNS, make_batch, poison_padding
+from support.rows import POISON_PATTERNS, make_batch, make_source, poison_padding
 
 SCALE = 1.0 / math.sqrt(512.0)
 FUZZ_SCALE = float(os.environ.get("JAX_MLA_FUZZ_SCALE", "1"))
@@ -84,6 +88,8 @@ class Inputs:
   kwargs: dict  # array keyword arguments (e.g. extra=KVSource(...))
   queries: np.ndarray  # float64 [T, H, 512]
   keys: list  # float64 [K_t, 512] per query token
+  options: dict = dataclasses.field(default_factory=dict)  # static keywords (softmax_scale)
+  scale: float = SCALE
 
 
 def packed_inputs(d: Draw) -> Inputs:
@@ -121,12 +127,53 @@ def packed_inputs(d: Draw) -> Inputs:
                                 d.tokens_per_seq))
 
 
-INPUT_KINDS = {"packed": packed_inputs}
+EXTRA_POOL_ROWS = 48
+
+
+def two_source_inputs(d: Draw) -> Inputs:
+  """"packed" plus a second packed pool (`extra=`): random lengths (empty ones included), its
+  lists shared by a sequence's tokens or (with several tokens) one per query token, its own
+  padding poisoned like the first pool's."""
+  inputs = packed_inputs(d)
+  rng = np.random.default_rng(d.seed + 1)
+  num_seqs, capacity, _, _ = BUCKETS[d.bucket]
+  num_tokens = inputs.queries.shape[0]
+  per_token = d.tokens_per_seq > 1 and bool(rng.integers(2))
+  lists = num_tokens if per_token else num_seqs
+  width = capacity // 2  # one index-list length per (bucket, form): one compilation
+  lengths = np.minimum(rng.choice([0, 1, 5, 17, 40], size=lists), width // lists)
+  kv, kv_rope, indptr, indices = make_source(rng, lengths, pool_rows=EXTRA_POOL_ROWS,
+                                             extra_indices=width - int(lengths.sum()))
+  if d.poison in ("kv", "both"):
+    kv = poison_padding(kv, d.poison_pattern, rng)
+  extra_keys = token_keys(dequantize_rows(kv, kv_rope), indptr, indices, num_tokens,
+                          d.tokens_per_seq)
+  return dataclasses.replace(
+      inputs, kwargs={"extra": jax_mla.KVSource(kv, kv_rope, indptr, indices)},
+      keys=[np.concatenate([a, b]) for a, b in zip(inputs.keys, extra_keys)])
+
+
+def model_value_inputs(d: Draw) -> Inputs:
+  """"packed"'s values given as a model holds them: bf16 Q and a bf16 pool (exact: fp8 values
+  times power-of-two scales fit bf16, and pack_rows gives back the same fp8 values), with
+  softmax_scale twice the kernels' (a power-of-two fold)."""
+  inputs = packed_inputs(d)
+  _, _, kv, kv_rope, indptr, indices, sink = inputs.args
+  q_values = inputs.queries.astype(ml_dtypes.bfloat16)
+  kv_values = dequantize_rows(kv, kv_rope).astype(ml_dtypes.bfloat16)
+  return dataclasses.replace(inputs, args=(q_values, None, kv_values, None, indptr, indices, sink),
+                             options={"softmax_scale": 2 * SCALE}, scale=2 * SCALE)
+
+
+INPUT_KINDS = {"packed": packed_inputs, "two_sources": two_source_inputs,
+               "model_values": model_value_inputs}
+# decode_persistent takes one source.
+PERSISTENT_KINDS = ("packed", "model_values")
 
 
 def expected(inputs: Inputs, sink):
   """The oracle's (out, lse), with NaN precedence (module docstring)."""
-  out, lse = oracle_attend(inputs.queries, inputs.keys, sink, SCALE)
+  out, lse = oracle_attend(inputs.queries, inputs.keys, sink, inputs.scale)
   for t, keys in enumerate(inputs.keys):
     with np.errstate(invalid="ignore"):
       nan_heads = np.isnan(inputs.queries[t] @ np.asarray(keys).T).any(axis=1)
@@ -184,8 +231,8 @@ CASES = collections.Counter()  # cases run, per test
 
 def run_decode(name, d: Draw, kind: str, **options):
   inputs = INPUT_KINDS[kind](d)
-  out, lse = jitted("decode", tokens_per_seq=d.tokens_per_seq, **options)(inputs.args,
-                                                                           inputs.kwargs)
+  out, lse = jitted("decode", tokens_per_seq=d.tokens_per_seq, **inputs.options, **options)(
+      inputs.args, inputs.kwargs)
   check(out, lse, *expected(inputs, d.sink))
   CASES[name] += 1
 
@@ -225,6 +272,16 @@ def test_reference(d, kind, return_lse):
   run_decode("reference", d, kind, backend="reference", return_lse=return_lse)
 
 
+def host_split_case(name, d, kind, splits):
+  if splits != "one split":
+    run_decode(name, d, kind, backend="host", num_kv_splits=splits)
+  elif kind == "two_sources":  # refused (not counted): the merge of two sources needs each lse
+    with pytest.raises(ValueError, match="num_kv_splits=1 with extra="):
+      run_decode(name, d, kind, backend="host", num_kv_splits=1, return_lse=False)
+  else:
+    run_decode(name, d, kind, backend="host", num_kv_splits=1, return_lse=False)
+
+
 @needs_host
 @examples(330)
 @given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
@@ -232,10 +289,7 @@ def test_reference(d, kind, return_lse):
 def test_host_split(d, kind, splits):
   """The host split path with its default kernels (AVX512-BF16 where the CPU has them); splits
   None is the CPU's plan, "one split" the direct bf16 output without an LSE."""
-  if splits == "one split":
-    run_decode("host", d, kind, backend="host", num_kv_splits=1, return_lse=False)
-  else:
-    run_decode("host", d, kind, backend="host", num_kv_splits=splits)
+  host_split_case("host", d, kind, splits)
 
 
 @needs_host
@@ -244,10 +298,7 @@ def test_host_split(d, kind, splits):
 def test_host_split_fp32_kernels(monkeypatch_env, d, kind, splits):
   """The same path with the fp32 kernels, which CPUs without AVX512-BF16 run."""
   monkeypatch_env("JAX_MLA_HOST_KERNELS", "fp32")
-  if splits == "one split":
-    run_decode("host_fp32", d, kind, backend="host", num_kv_splits=1, return_lse=False)
-  else:
-    run_decode("host_fp32", d, kind, backend="host", num_kv_splits=splits)
+  host_split_case("host_fp32", d, kind, splits)
 
 
 # One workspace per partition count, reused by every case: a call that left its arrival counters
@@ -258,7 +309,8 @@ PERSISTENT_PARTITIONS = [1, 3, 16, 128]
 
 @needs_host
 @examples(200)
-@given(draws([(128, 1)], buckets=tuple(BUCKETS)), kinds, st.sampled_from(PERSISTENT_PARTITIONS),
+@given(draws([(128, 1)], buckets=tuple(BUCKETS)), st.sampled_from(PERSISTENT_KINDS),
+       st.sampled_from(PERSISTENT_PARTITIONS),
        st.booleans(), st.sampled_from(["default", "fp32"]))
 def test_host_persistent(monkeypatch_env, d, kind, num_partitions, return_lse, kernels):
   monkeypatch_env("JAX_MLA_HOST_KERNELS", kernels)
@@ -267,7 +319,7 @@ def test_host_persistent(monkeypatch_env, d, kind, num_partitions, return_lse, k
   ws = _WORKSPACES.get(num_partitions)
   if ws is None:
     ws = jax_mla.make_workspace(num_partitions, max_rows, allow_any_partitions=True)
-  out, lse, ws = jitted("persistent", backend="host", return_lse=return_lse)(
+  out, lse, ws = jitted("persistent", backend="host", return_lse=return_lse, **inputs.options)(
       inputs.args, inputs.kwargs, ws)
   _WORKSPACES[num_partitions] = ws
   assert not np.asarray(ws.cnt).any(), "arrival counters not back at zero"
