@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/cpu_decode.py [--batch 1 2 4 8 16 32 64] [--len 512 2048 8192]
                                        [--rounds 5] [--impls ...] [--out PATH_STEM]
+       python benchmarks/cpu_decode.py --table RESULTS.json   (the README's table)
 
 Shapes: 128 heads, one token per sequence; every batch x KV length with all sequences that long
 (random pool rows of a 65,536-row pool), plus the demo's own batch (`jax-mla demo` defaults: 8
@@ -252,6 +253,25 @@ def write(stem, rows, meta):
     w.writerows(rows)
 
 
+def table(path, impl="host"):
+  """The README's table from a results file: impl's ratio to the reference (and its ms) per
+  K x batch, and the demo's row."""
+  with open(path) as f:
+    rows = json.load(f)["rows"]
+  cell = {(r["shape"], r["batch"], r["kv_len"]): r for r in rows if r["impl"] == impl}
+  batches = sorted({b for s, b, _ in cell if s == "uniform"})
+  lines = ["| K \\ batch | " + " | ".join(str(b) for b in batches) + " |",
+           "|---|" + "---|" * len(batches)]
+  for kv_len in sorted({k for s, _, k in cell if s == "uniform"}):
+    entries = [cell.get(("uniform", b, kv_len)) for b in batches]
+    lines.append(f"| {kv_len} | " + " | ".join(
+        f"{e['ratio']:.2f}x ({e['us'] / 1e3:.3g} ms)" if e else "" for e in entries) + " |")
+  demo = cell.get(("demo", 8, 512))
+  if demo:
+    lines.append(f"\ndemo batch: {demo['ratio']:.2f}x ({demo['us'] / 1e3:.3g} ms)")
+  return "\n".join(lines)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -260,7 +280,11 @@ def main(argv=None):
   p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
   p.add_argument("--no-demo", action="store_true", help="skip the demo's shape")
   p.add_argument("--out", metavar="STEM", help="write STEM.json and STEM.csv")
+  p.add_argument("--table", metavar="JSON", help="print the README's table of a results file")
   a = p.parse_args(argv)
+  if a.table:
+    print(table(a.table))
+    return None
   load_before = os.getloadavg()
   rows = []
   if not a.no_demo:
