@@ -295,8 +295,12 @@ def main(argv=None):
     for batch in a.batch:
       args, lengths = uniform_batch(batch, kv_len)
       rows += measure("uniform", args, lengths, a.impls, a.rounds)
+  machine = cpu_meta()
   meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "machine": cpu_meta(), "host_kernels": host_kernels(),
+          # "CPU ..." is how notebooks/performance.md tells CPU files from GPU ones.
+          "device": f"CPU ({machine['cpu']}, {machine['threads']} threads; "
+                    f"{', '.join(machine['isa'])})",
+          "machine": machine, "host_kernels": host_kernels(),
           "jax": jax.__version__, "python": platform.python_version(),
           "benchmark": "benchmarks/cpu_decode.py " + " ".join(argv if argv is not None
                                                               else sys.argv[1:]),
