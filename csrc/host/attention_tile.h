@@ -11,7 +11,7 @@
 //     probabilities rounded to bf16 (relative error <= 2^-9 each, as the GPU kernels' P), and
 //     the output is normalised by the sum of those same rounded weights.
 //   "fp32": f32 FMAs throughout (compiled for x86-64-v3, AVX2 + FMA, and for the baseline, picked
-//     by the CPU at load time).
+//     by the CPU at load time; a Clang build has the baseline only, and no bf16 family).
 // JAX_MLA_HOST_KERNELS=fp32 in the environment forces the second (read whenever an executor
 // call sets up its threads, so tests and benchmarks can switch between calls).
 // Results never depend on threads, on calls, or on which other rows share a block.

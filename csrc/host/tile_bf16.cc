@@ -15,7 +15,10 @@
 
 #include "host/tile_math.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC only, like the fp32 kernels' clones: Clang refuses the 16-lane vector-extension helpers of
+// tile_math.h inside target-attributed functions ("changes the ABI"), so a Clang build runs the
+// fp32 kernels.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define JAX_MLA_BF16_KERNELS 1
 #include <immintrin.h>
 #endif
@@ -253,7 +256,7 @@ bool Supported() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
-#else  // no x86-64 GCC/Clang: the fp32 kernels serve
+#else  // not x86-64 GCC: the fp32 kernels serve
 
 bool Supported() { return false; }
 void LoadQuery(const std::uint8_t*, const std::uint16_t*, QueryBlock&) {}
