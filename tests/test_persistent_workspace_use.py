@@ -164,12 +164,15 @@ def test_twelve_partitions_need_the_opt_out_but_then_work():
 
 
 @pytest.mark.parametrize("index,bad,error,message", [
-    (0, np.zeros((2, 128, 512), np.int8), TypeError, "q must have dtype uint8; got int8"),
+    (0, np.zeros((2, 128, 512), np.int8), TypeError,
+     r"q must be uint8 packed rows \(with q_rope\) or bf16/f32 values .*; got int8"),
     (1, np.zeros((2, 128, 64), np.float32), TypeError, "q_rope must have dtype bfloat16"),
-    (1, np.zeros((2, 128, 32), jnp.bfloat16), ValueError, r"q_rope must have shape \(2, 128, 64\)"),
+    (1, np.zeros((2, 128, 32), jnp.bfloat16), ValueError,
+     r"q_rope must have a last dimension of 64; got shape \(2, 128, 32\)"),
     (2, np.zeros((16, 511), np.uint8), ValueError, r"kv must have a last dimension of 512; got shape \(16, 511\)"),
     (3, np.zeros((15, 64), jnp.bfloat16), ValueError, r"kv_rope must have shape \(16, 64\)"),
-    (4, np.zeros((4,), np.int32), ValueError, r"kv_indptr must have shape \(3,\) .*; got \(4,\)"),
+    (4, np.zeros((4,), np.int32), ValueError,
+     r"kv_indptr must have num_seqs \+ 1 = 3 \(shared lists\) entries.*got shape \(4,\)"),
     (4, np.zeros((3,), np.int64), TypeError, "kv_indptr must have dtype int32"),
     (5, np.zeros((2, 4), np.int32), ValueError, r"kv_indices must have rank 1; got shape \(2, 4\)"),
     (6, np.zeros((64,), np.float32), ValueError, r"sink must have shape \(128,\)"),
