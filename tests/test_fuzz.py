@@ -1,7 +1,8 @@
 """Generated cases (hypothesis) against the float64 oracle, on every path that runs on the CPU.
 
-Over 1,000 cases per run (`test_generated_case_count` holds the total; hypothesis may run a few
-fewer than a test's max_examples when draws repeat, hence 1,150 asked), spread over the paths:
+Over 1,000 cases per run (`test_generated_case_count` holds the total: 1,150 are drawn, and the
+host split path's refusals, one split with two sources, are checked but not counted; 1,130 counted
+in a run), spread over the paths:
 the reference, the host split path at planned and forced split counts with its default and its
 fp32 kernels, the host persistent path at several partition counts, and the Pallas Triton kernel
 in interpret mode. A case is a ragged batch with random lengths (empty and one-entry sequences
