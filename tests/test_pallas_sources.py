@@ -21,7 +21,7 @@ import pytest
 
 from support.compare import assert_bf16_decode_close
 from support.gpu_export import export_for
-from support.oracle import dequantize_rows, oracle_decode
+from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_keys
 from support.rows import make_batch, poison_padding
 from jax_mla._src.pallas import backend as pallas_backend
 from jax_mla._src.pallas import triton as pd
@@ -101,26 +101,12 @@ def scaled_oracle(q_packed, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, to
 
 def values_oracle(q, kv, kv_rope, kv_indptr, kv_indices, sink, tokens_per_seq, softmax_scale):
   """scaled_oracle with Q given as float64 values [T, H, 512]; a NaN in a query row makes that
-  row's out and lse NaN."""
-  num_heads = q.shape[1]
-  sink = np.full(num_heads, -np.inf) if sink is None else np.asarray(sink, np.float64)
-  out = np.zeros(q.shape)
-  lse = np.zeros(q.shape[:2])
-  for b in range(len(kv_indptr) - 1):
-    rows = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
-    keys = dequantize_rows(kv[rows], kv_rope[rows])
-    for t in range(b * tokens_per_seq, (b + 1) * tokens_per_seq):
-      # Columns: the entries' scores, then the sink's.
-      logits = np.concatenate([q[t] @ keys.T * softmax_scale, sink[:, None]], axis=1)
-      m = logits.max(axis=1, keepdims=True)
-      m = np.where(np.isfinite(m), m, 0.0)
-      w = np.exp(logits - m)
-      denom = w.sum(axis=1)
-      # Nothing seen and no sink: denom 0, lse -inf. A +inf sink: w = inf / inf. Out 0 in both.
-      zero = (np.isposinf(sink) | (denom == 0))[:, None]
-      with np.errstate(invalid="ignore", divide="ignore"):
-        lse[t] = m[:, 0] + np.log(denom)
-        out[t] = np.where(zero, 0.0, w[:, :-1] @ keys / denom[:, None])
+  row's out and lse NaN (whatever the sink)."""
+  keys = token_keys(dequantize_rows(kv, kv_rope), kv_indptr, kv_indices, q.shape[0],
+                    tokens_per_seq)
+  out, lse = oracle_attend(q, keys, sink, softmax_scale)
+  nan_rows = np.isnan(q).any(axis=-1)
+  out[nan_rows], lse[nan_rows] = np.nan, np.nan
   return out, lse
 
 

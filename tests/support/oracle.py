@@ -47,38 +47,15 @@ def dequantize_rows(packed: np.ndarray, rope) -> np.ndarray:
 
 def oracle_decode(q_packed, q_rope, kv_packed, kv_rope, kv_indptr, kv_indices, sink,
                   tokens_per_seq: int = 1):
-  """Decode in float64. Returns (out [T, H, 512], lse [T, H]), lse with the sink included.
+  """Decode of packed rows in float64 at the kernels' scale 1/sqrt(512). Returns (out [T, H, 512],
+  lse [T, H]), lse with the sink included.
 
   sink: None or [H]; -inf means no sink. A sequence without KV entries gives out 0, lse = sink.
   """
-  q = dequantize_rows(q_packed, q_rope)  # [T, H, 512]
-  num_tokens, num_heads = q.shape[:2]
-  kv_indptr = np.asarray(kv_indptr, np.int64)
-  kv_indices = np.asarray(kv_indices, np.int64)
-  sink = (np.full(num_heads, -np.inf) if sink is None
-          else np.asarray(sink, np.float64).reshape(num_heads))
-  out = np.zeros((num_tokens, num_heads, 512))
-  lse = np.zeros((num_tokens, num_heads))
-  scale = 1.0 / math.sqrt(512.0)
-  for b in range(len(kv_indptr) - 1):
-    rows = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
-    keys = dequantize_rows(np.asarray(kv_packed)[rows], np.asarray(kv_rope)[rows])  # [K, 512]
-    for t in range(b * tokens_per_seq, (b + 1) * tokens_per_seq):
-      scores = q[t] @ keys.T * scale  # [H, K]
-      for h in range(num_heads):
-        s, sk = scores[h], sink[h]
-        if sk == np.inf:
-          out[t, h], lse[t, h] = 0.0, np.inf
-          continue
-        m = max(np.max(s, initial=-np.inf), sk)
-        if m == -np.inf:  # no entries and no sink
-          out[t, h], lse[t, h] = 0.0, -np.inf
-          continue
-        w = np.exp(s - m)
-        denom = w.sum() + math.exp(sk - m)
-        out[t, h] = (w @ keys) / denom if len(rows) else 0.0
-        lse[t, h] = m + math.log(denom)
-  return out, lse
+  queries = dequantize_rows(q_packed, q_rope)  # [T, H, 512]
+  keys = token_keys(dequantize_rows(kv_packed, kv_rope), kv_indptr, kv_indices, queries.shape[0],
+                    tokens_per_seq)
+  return oracle_attend(queries, keys, sink, 1.0 / math.sqrt(512.0))
 
 
 def oracle_attend(queries, token_keys, sink, scale: float):
