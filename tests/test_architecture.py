@@ -61,6 +61,15 @@ def test_a_planted_circle_is_found():
   assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
 
+def test_the_lse_merge_imports_no_pallas():
+  """lse_merge serves the API's merge of two sources too, which must not need Pallas."""
+  tree = ast.parse((PACKAGE / "_src" / "lse_merge.py").read_text())
+  imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+              for a in node.names]
+  imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+  assert imported and not [m for m in imported if "pallas" in m or m.startswith("jax_mla")]
+
+
 def test_each_fact_is_defined_once():
   """HEAD_DIM and ROPE_DIM live in layout.py, the backend names in the registry, the served
   layouts in the manifest (which test_split_lowering holds the C++ plan to)."""

@@ -1,7 +1,9 @@
 """The split merge (pallas_merge): XLA's jnp and the Pallas kernel (interpret mode here; its GPU
 runs are the decode tests of test_mosaic.py, config "merge_kernel") against a float64 oracle
 written from the definition, with the edge cases the decode kernels produce: empty splits
-(lse = -inf, their partials poisoned), rows no split saw, sinks of -inf and +inf, NaN."""
+(lse = -inf, their partials poisoned), rows no split saw, sinks of -inf and +inf, NaN. The API's
+merge of per-source results (adapters.merge_by_lse) shares their weights (lse_merge) and is held
+to the same oracle, its sources taking the splits' place."""
 
 import functools
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from support.compare import assert_bf16_decode_close
+from jax_mla._src import adapters
 from jax_mla._src.pallas import merge as pallas_merge
 
 
@@ -85,6 +88,27 @@ def test_a_nan_lse_makes_its_row_nan_and_no_other(merge):
   want_out, want_lse = oracle_merge(parts, part_lse, sink)
   assert np.isnan(out[:, 9]).all() and np.isnan(lse[:, 9]).all()
   assert_bf16_decode_close(out, lse, want_out, want_lse)
+
+
+def merge_sources(parts, part_lse, sink):
+  """adapters.merge_by_lse on the partials as per-source results: sequences as query tokens,
+  rows as heads, splits as sources (bf16 outs, as decodes return them)."""
+  results = [(jnp.asarray(parts[:, s], jnp.bfloat16), jnp.asarray(part_lse[:, s]))
+             for s in range(parts.shape[1])]
+  return jax.jit(adapters.merge_by_lse)(results, jnp.asarray(sink))
+
+
+@pytest.mark.parametrize("num_sources,nan_row", [(2, None), (3, None), (2, 9)])
+def test_the_apis_source_merge_matches_the_oracle(num_sources, nan_row):
+  rng = np.random.default_rng(num_sources)
+  parts, part_lse, sink = make_partials(rng, 2, num_sources, 16, nan_row=nan_row)
+  parts = np.asarray(jnp.asarray(parts, jnp.bfloat16), np.float32)  # what a decode returns
+  out, lse = merge_sources(parts, part_lse, sink)
+  assert out.dtype == jnp.bfloat16 and lse.dtype == jnp.float32
+  want_out, want_lse = oracle_merge(parts, part_lse, sink)
+  if nan_row is None:
+    assert np.isfinite(want_out).all()  # the poisoned outs must not reach the result
+  assert_bf16_decode_close(np.asarray(out, np.float32), np.asarray(lse), want_out, want_lse)
 
 
 def test_the_kernel_and_xla_agree_to_a_bf16_rounding():

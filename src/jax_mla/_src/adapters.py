@@ -10,7 +10,7 @@ is done here, on the device, with its cost stated:
   "float_kv":      a bf16/f32 pool is packed on the fly, only the rows its index list names
                    (a gather and a quantization of L rows, not of the pool).
   "extra":         one decode per source without the sink, then one merge of the two results
-                   by their lse with the sink (`lse_merge`); each result is bf16, so the output
+                   by their lse with the sink (`merge_by_lse`); each result is bf16, so the output
                    is rounded twice (within bf16's contracts: 2 ulps).
 
 Per-query-token index lists need no backend support: the API runs them as one-token rows
@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_mla._src import layout
+from jax_mla._src import layout, lse_merge
 from jax_mla._src.sources import KVSource, is_packed
 
 def is_kernel_scale(softmax_scale) -> bool:
@@ -80,24 +80,16 @@ def per_token_source(source: KVSource, tokens_per_seq: int) -> KVSource:
 
 def merge_by_lse(results, sink):
   """One result from per-source results `[(out [T, H, 512], lse [T, H]), ...]` computed without
-  the sink: the softmax over the union of their entries, with the sink f32 [H].
-
-  Same contracts as a single decode: a source without entries has lse = -inf and contributes
-  nothing (its weight is selected to 0, whatever its out holds); NaN counts as seen, so a NaN
-  in a used row makes the row NaN; a +inf sink gives out 0, lse +inf."""
-  lse = jnp.stack([r[1] for r in results])  # [S, T, H]
-  seen = lse != -jnp.inf
-  top = jnp.max(lse, axis=0)
-  any_seen = top != -jnp.inf
-  top = jnp.where(any_seen, top, 0.0)
-  total = jnp.sum(jnp.where(seen, jnp.exp(lse - top), 0.0), axis=0)
-  lse_kv = jnp.where(any_seen, top + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
-  lse_all = jnp.logaddexp(lse_kv, sink.astype(jnp.float32)[None, :])
+  the sink: the softmax over the union of their entries, with the sink f32 [H]. The weights and
+  their contracts (those of a single decode) are `lse_merge.weights`'."""
+  part_lse = jnp.stack([r[1] for r in results])  # [S, T, H]
+  seen, shares, lse = lse_merge.weights(part_lse, sink.astype(jnp.float32), axis=0)
+  # Added source by source, not stacked for lse_merge.merge's jnp.sum: the results arrive apart,
+  # and XLA:CPU fuses the two forms differently (a rare element 1 bf16 ulp apart under jit).
   out = jnp.zeros(results[0][0].shape, jnp.float32)
-  for (part, _), part_lse, part_seen in zip(results, lse, seen):
-    share = jnp.where(part_seen, jnp.exp(part_lse - lse_all), 0.0)
+  for (part, _), part_seen, share in zip(results, seen, shares):
     out = out + jnp.where(part_seen[..., None], part.astype(jnp.float32) * share[..., None], 0.0)
-  return out.astype(jnp.bfloat16), lse_all
+  return out.astype(jnp.bfloat16), lse[0]
 
 
 def no_sink(num_heads: int) -> jax.Array:

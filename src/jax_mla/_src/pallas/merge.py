@@ -2,9 +2,9 @@
 Triton-lowered Pallas kernel (`merge_kernel`: one pass, each program reading every split of a
 [rows, 128] tile at once).
 
-Every split writes its partial (an empty split writes o = 0, lse = -inf), and the weights are
-selected, not multiplied, so a partial with lse = -inf never contributes, whatever its o holds.
-Both merges compute the same expressions in the same order.
+Every split writes its partial (an empty split writes o = 0, lse = -inf). Both merges compute
+`lse_merge.merge` (the weights and contracts shared with the API's merge of two KV sources): the
+same expressions in the same order, over the split axis.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from jax_mla._src import lse_merge
 
 
 MERGES = ("auto", "xla", "kernel")
@@ -42,23 +44,8 @@ def merge_partials(parts, part_lse, sink_rows):
   Returns:
     (out bf16 [B, R, 512], lse f32 [B, R]), lse with the sink included.
   """
-  seen, shares, lse = _weights(part_lse, sink_rows[None, None, :], axis=1)
-  out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=1)
+  out, lse = lse_merge.merge(parts, part_lse, sink_rows[None, None, :], axis=1)
   return out.astype(jnp.bfloat16), lse[:, 0]
-
-
-def _weights(part_lse, sink_rows, axis):
-  """merge_partials's split weights along `axis`: (seen, shares, lse with the sink; its split
-  axis kept, of size 1)."""
-  seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
-  mx = jnp.max(part_lse, axis=axis, keepdims=True)
-  any_seen = mx != -jnp.inf
-  mx_safe = jnp.where(any_seen, mx, 0.0)
-  weights = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
-  total = jnp.sum(weights, axis=axis, keepdims=True)
-  lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
-  lse = jnp.logaddexp(lse_kv, sink_rows)
-  return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
 
 
 def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_splits: int,
@@ -76,8 +63,7 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
                      other=0.0)
   part_lse = plgpu.load(lse_ref.at[seq, splits, rows], mask=real, other=-jnp.inf)
   sink = sink_ref[pl.ds(row_block * block_rows, block_rows)]
-  seen, shares, lse = _weights(part_lse, sink[None, :], axis=0)
-  out = jnp.sum(jnp.where(seen[:, :, None], parts * shares[:, :, None], 0.0), axis=0)
+  out, lse = lse_merge.merge(parts, part_lse, sink[None, :], axis=0)
   out_ref[seq, pl.ds(row_block * block_rows, block_rows),
           pl.ds(col_block * block_cols, block_cols)] = out.astype(out_ref.dtype)
 

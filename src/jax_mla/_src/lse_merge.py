@@ -1,0 +1,49 @@
+"""Merging softmax results computed without the sink by their lse, adding the sink once: the one
+home of that arithmetic, shared by `adapters.merge_by_lse` (one result per KV source) and
+`pallas.merge` (one partial per KV split: its jnp merge and, inside its Triton kernel, the tile
+body). Plain jnp, so it imports without `jax.experimental.pallas` and traces inside a kernel.
+
+The contracts, the same as a single decode's: a part with lse = -inf saw nothing and contributes
+nothing, whatever its out holds (its weight is selected, not multiplied, to 0); NaN counts as
+seen, so a NaN lse makes its row NaN; a sink of +inf gives out 0 and lse +inf; a row that no
+part saw gives out 0 and lse = its sink.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def weights(part_lse, sink, axis: int):
+  """Each part's weight along the parts' `axis`.
+
+  Args:
+    part_lse: f32, natural-log denominators without the sink (-inf: the part saw nothing).
+    sink: f32 sink logits, broadcastable against `part_lse` with `axis` of size 1 (-inf: none).
+    axis: the parts' axis of `part_lse`.
+
+  Returns:
+    `(seen, shares, lse)`: whether each part saw anything, its share exp(lse_part - lse) (0 where
+    unseen), and the lse with the sink, `axis` kept with size 1.
+  """
+  seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
+  mx = jnp.max(part_lse, axis=axis, keepdims=True)
+  any_seen = mx != -jnp.inf
+  mx_safe = jnp.where(any_seen, mx, 0.0)
+  terms = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
+  total = jnp.sum(terms, axis=axis, keepdims=True)
+  lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
+  lse = jnp.logaddexp(lse_kv, sink)
+  return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
+
+
+def merge(parts, part_lse, sink, axis: int):
+  """The merged output and lse: `parts` `[..., D]` (f32, each normalized by its own lse) summed
+  with their shares (`weights`) by one `jnp.sum` over `axis`.
+
+  Returns:
+    `(out f32, lse f32)`: out without `axis`, lse with `axis` kept with size 1.
+  """
+  seen, shares, lse = weights(part_lse, sink, axis)
+  out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=axis)
+  return out, lse
