@@ -9,11 +9,15 @@ import jax_mla
 from support.rows import make_batch
 
 
-@pytest.fixture
-def args():
-  b = make_batch(np.random.default_rng(0), num_heads=16, lengths=[3, 4], sink=0.0)
+def batch_args(num_heads):
+  b = make_batch(np.random.default_rng(0), num_heads=num_heads, lengths=[3, 4], sink=0.0)
   return dict(q=b.q, q_rope=b.q_rope, kv=b.kv, kv_rope=b.kv_rope, kv_indptr=b.kv_indptr,
               kv_indices=b.kv_indices, sink=b.sink)
+
+
+@pytest.fixture
+def args():
+  return batch_args(num_heads=16)
 
 
 CASES = [
@@ -118,3 +122,62 @@ def test_checks_run_before_tracing_under_jit(args):
   args["sink"] = jnp.zeros(3, jnp.float32)
   with pytest.raises(ValueError, match="sink must have shape"):
     jax.jit(lambda **a: jax_mla.decode(**a, backend="reference"))(**args)
+
+
+@pytest.fixture
+def persistent_args():
+  return batch_args(num_heads=128)  # decode_persistent's layout
+
+
+PERSISTENT_CASES = [
+    # (name, change to the arguments, keyword overrides, exception, message pattern); "max_rows"
+    # makes the workspace, a "workspace" override replaces it.
+    ("q_packed_without_rope", dict(q_rope=None), {}, ValueError,
+     r"q_rope is required with packed uint8 q"),
+    ("q_rope_shape", dict(q_rope=np.zeros((2, 8, 64), ml_dtypes.bfloat16)), {}, ValueError,
+     r"q_rope must have shape \(2, 128, 64\)"),
+    ("kv_packed_without_rope", dict(kv_rope=None), {}, ValueError,
+     r"kv_rope is required with packed uint8 rows kv"),
+    ("kv_rope_rows", dict(kv_rope=np.zeros((3, 64), ml_dtypes.bfloat16)), {}, ValueError,
+     r"kv_rope must have shape \(512, 64\) \(kv is \(512, 512\)\); got \(3, 64\)"),
+    ("kv_float_with_rope", dict(kv=np.zeros((512, 512), np.float32)), {}, ValueError,
+     r"kv holds unquantized float32 rows with their RoPE in dims 448..511; pass kv_rope=None"),
+    ("kv_indptr_dtype", dict(kv_indptr=np.array([0, 3, 7], np.int64)), {}, TypeError,
+     r"kv_indptr must have dtype int32; got int64"),
+    ("kv_indptr_rows", dict(kv_indptr=np.array([0, 3, 5, 7], np.int32)), {}, ValueError,
+     r"kv_indptr must have num_seqs \+ 1 = 3 \(shared lists\) entries, with num_seqs = "
+     r"len\(q\) / tokens_per_seq = 2; got shape \(4,\)"),
+    ("kv_indices_rank", dict(kv_indices=np.zeros((7, 1), np.int32)), {}, ValueError,
+     r"kv_indices must have rank 1"),
+    ("workspace_type", {}, dict(workspace="ws"), TypeError,
+     r"workspace must be a jax_mla Workspace \(from jax_mla.make_workspace\), got str"),
+    ("workspace_rows", {}, dict(max_rows=1), ValueError,
+     r"N = 2 rows exceeds workspace.max_rows = 1; make the workspace with "
+     r"make_workspace\(..., max_rows=2\) or larger"),
+    ("sink_shape", dict(sink=np.zeros(8, np.float32)), {}, ValueError,
+     r"sink must have shape \(128,\) \(one logit per head\); got \(8,\)"),
+    ("sink_dtype", dict(sink=np.zeros(128, np.float64)), {}, TypeError,
+     r"sink must have dtype float32; got float64"),
+    ("sink_not_array", dict(sink=[0.0] * 128), {}, TypeError, r"sink must be an array"),
+    ("float_q_sink_shape", dict(q=np.zeros((2, 128, 512), np.float32), q_rope=None,
+                                sink=np.zeros(8, np.float32)), {}, ValueError,
+     r"sink must have shape \(128,\) \(one logit per head\); got \(8,\)"),
+    ("extra", {}, dict(extra="source"), ValueError,
+     r"decode_persistent takes one KV source: AMD's nm_ps kernel reads one pool"),
+]
+
+
+@pytest.mark.parametrize("name,change,kwargs,exc,pattern", PERSISTENT_CASES,
+                         ids=[c[0] for c in PERSISTENT_CASES])
+def test_decode_persistent_bad_input_raises_naming_the_argument(persistent_args, name, change,
+                                                                kwargs, exc, pattern):
+  persistent_args.update(change)
+  workspace = kwargs.pop("workspace", None)
+  if workspace is None:
+    workspace = jax_mla.make_workspace(num_partitions=8, max_rows=kwargs.pop("max_rows", 16))
+  if kwargs.get("extra") == "source":
+    kwargs["extra"] = jax_mla.KVSource(*(persistent_args[k] for k in (
+        "kv", "kv_rope", "kv_indptr", "kv_indices")))
+  with pytest.raises(exc, match=pattern):
+    jax_mla.decode_persistent(**persistent_args, workspace=workspace, backend="reference",
+                              **kwargs)

@@ -169,8 +169,8 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
   if q_rope is None or not adapters.is_kernel_scale(softmax_scale):
     q, q_rope = adapters.packed_query(jnp.asarray(q), None if q_rope is None
                                       else jnp.asarray(q_rope), softmax_scale)
-  num_rows = checks.check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
-                                          workspace)
+  # Q and the source are checked above; the packing keeps what those checks hold.
+  checks.check_persistent_rest(num_rows, num_heads, sink, workspace)
   entry = backends.resolve(backend)
   backends.check_layout(entry, entry.persistent_layouts(), q.shape[1], 1)
   if num_rows == 0:  # nothing to launch

@@ -97,27 +97,35 @@ def check_decode_args(q, q_rope, sink, *, tokens_per_seq, num_kv_splits) -> Deco
     raise ValueError(f"q must have num_seqs * tokens_per_seq rows, a multiple of "
                      f"tokens_per_seq = {tokens_per_seq}; got {num_tokens}")
   if sink is not None:
-    check_array("sink", sink, ndim=1, dtype=jnp.float32)
-    if _shape(sink) != (num_heads,):
-      raise ValueError(f"sink must have shape ({num_heads},) (one logit per head); got "
-                       f"{_shape(sink)}")
+    check_sink(sink, num_heads)
   return DecodeDims(num_tokens, num_heads, num_tokens // tokens_per_seq, tokens_per_seq)
+
+
+def check_sink(sink, num_heads: int) -> None:
+  """An array sink: f32 `[H]`, one logit per head."""
+  check_array("sink", sink, ndim=1, dtype=jnp.float32)
+  _check_shape("sink", sink, (num_heads,), "(one logit per head)")
+
+
+def check_persistent_rest(num_rows: int, num_heads: int, sink, workspace) -> None:
+  """What `jax_mla.decode_persistent` checks beyond its Q (`check_query`, giving N and H) and its
+  KV source (`sources.check_source`): the workspace, N against the kernel's limit and the
+  workspace's, and the sink (already an array)."""
+  ws_lib.check_workspace(workspace)
+  _check_row_limits(num_rows, workspace)
+  check_sink(sink, num_heads)
 
 
 def check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
                           workspace) -> int:
-  """Checks the arguments of `jax_mla.decode_persistent` (sink already an array); returns N.
+  """Checks the persistent primitive's operands (packed Q and pool, sink an array), for callers
+  of the primitive below the public API; returns N.
 
   The head count is the backend's to check (backends.check_layout)."""
   ws_lib.check_workspace(workspace)
   check_array("q", q, ndim=3, dtype=jnp.uint8, last=layout.ROW_BYTES)
   num_rows, num_heads = _shape(q)[:2]
-  if num_rows > ws_lib.MAX_ROWS:
-    raise ValueError(f"N = {num_rows} rows exceeds the kernel's limit of {ws_lib.MAX_ROWS} (its "
-                     "byte offsets wrap above it); split the batch")
-  if num_rows > workspace.max_rows:
-    raise ValueError(f"N = {num_rows} rows exceeds workspace.max_rows = {workspace.max_rows}; "
-                     f"make the workspace with make_workspace(..., max_rows={num_rows}) or larger")
+  _check_row_limits(num_rows, workspace)
   check_array("q_rope", q_rope, ndim=3, dtype=jnp.bfloat16)
   _check_shape("q_rope", q_rope, (num_rows, num_heads, layout.ROPE_DIM), f"(q is {_shape(q)})")
   check_array("kv", kv, ndim=2, dtype=jnp.uint8, last=layout.ROW_BYTES)
@@ -126,9 +134,17 @@ def check_persistent_args(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink,
   check_array("kv_indptr", kv_indptr, ndim=1, dtype=jnp.int32)
   _check_shape("kv_indptr", kv_indptr, (num_rows + 1,), "(N + 1 for N rows of q)")
   check_array("kv_indices", kv_indices, ndim=1, dtype=jnp.int32)
-  check_array("sink", sink, ndim=1, dtype=jnp.float32)
-  _check_shape("sink", sink, (num_heads,), "(one logit per head)")
+  check_sink(sink, num_heads)
   return num_rows
+
+
+def _check_row_limits(num_rows: int, workspace) -> None:
+  if num_rows > ws_lib.MAX_ROWS:
+    raise ValueError(f"N = {num_rows} rows exceeds the kernel's limit of {ws_lib.MAX_ROWS} (its "
+                     "byte offsets wrap above it); split the batch")
+  if num_rows > workspace.max_rows:
+    raise ValueError(f"N = {num_rows} rows exceeds workspace.max_rows = {workspace.max_rows}; "
+                     f"make the workspace with make_workspace(..., max_rows={num_rows}) or larger")
 
 
 def _check_shape(name: str, x, want: tuple, why: str) -> None:
