@@ -62,18 +62,23 @@ def test_unknown_arch_names_the_known_ones():
     plan.num_kv_splits(4, 128, arch="gfx942")
 
 
-@pytest.mark.parametrize("kwargs,error,name", [
-    (dict(num_seqs=0, num_heads=16), ValueError, "num_seqs"),
-    (dict(num_seqs=2.0, num_heads=16), TypeError, "num_seqs"),
-    (dict(num_seqs=True, num_heads=16), TypeError, "num_seqs"),
-    (dict(num_seqs=2, num_heads=0), ValueError, "num_heads"),
-    (dict(num_seqs=2, num_heads="16"), TypeError, "num_heads"),
-    (dict(num_seqs=2, num_heads=16, kv_len_hint=-1), ValueError, "kv_len_hint"),
-    (dict(num_seqs=2, num_heads=16, kv_len_hint=3.5), TypeError, "kv_len_hint"),
+@pytest.mark.parametrize("picker", [plan.num_kv_splits, planner.host_num_kv_splits],
+                         ids=["gfx950", "host"])
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(num_seqs=0, num_heads=16), ValueError, r"num_seqs must be >= 1, got 0"),
+    (dict(num_seqs=2.0, num_heads=16), TypeError, r"num_seqs must be an int, got float 2.0"),
+    (dict(num_seqs=True, num_heads=16), TypeError, r"num_seqs must be an int, got bool True"),
+    (dict(num_seqs=2, num_heads=0), ValueError, r"num_heads must be >= 1, got 0"),
+    (dict(num_seqs=2, num_heads="16"), TypeError, r"num_heads must be an int, got str '16'"),
+    (dict(num_seqs=2, num_heads=16, kv_len_hint=-1), ValueError,
+     r"kv_len_hint must be >= 0, got -1"),
+    (dict(num_seqs=2, num_heads=16, kv_len_hint=3.5), TypeError,
+     r"kv_len_hint must be an int, got float 3.5"),
 ])
-def test_bad_arguments_name_the_argument(kwargs, error, name):
-  with pytest.raises(error, match=name):
-    plan.num_kv_splits(**kwargs)
+def test_bad_arguments_name_the_argument(picker, kwargs, error, message):
+  """Both pickers check the batch's arguments alike."""
+  with pytest.raises(error, match=message):
+    picker(**kwargs)
 
 
 # --- the host backend's plan: for the CPU it runs on --------------------------------------------
@@ -103,14 +108,13 @@ def test_host_plan_threads_default_to_the_affinity():
   assert planner.host_num_kv_splits(1, 128) == max(2, min(16, planner.host_threads()))
 
 
-@pytest.mark.parametrize("kwargs,error,name", [
-    (dict(num_seqs=0, num_heads=16), ValueError, "num_seqs"),
-    (dict(num_seqs=2, num_heads=16, threads=0), ValueError, "threads"),
-    (dict(num_seqs=2, num_heads=16, kv_len_hint=-1), ValueError, "kv_len_hint"),
+@pytest.mark.parametrize("threads,error,message", [
+    (0, ValueError, r"threads must be >= 1, got 0"),
+    (2.0, TypeError, r"threads must be an int, got float 2.0"),
 ])
-def test_host_plan_bad_arguments(kwargs, error, name):
-  with pytest.raises(error, match=name):
-    planner.host_num_kv_splits(**kwargs)
+def test_host_plan_bad_threads(threads, error, message):
+  with pytest.raises(error, match=message):
+    planner.host_num_kv_splits(2, 16, threads=threads)
 
 
 def _planned_splits(backend, num_seqs, return_lse=True):

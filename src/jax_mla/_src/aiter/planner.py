@@ -79,6 +79,14 @@ def _check_int(name: str, value, minimum: int) -> int:
   return value
 
 
+def _check_batch(num_seqs, num_heads, kv_len_hint) -> None:
+  """The arguments both pickers take: num_seqs and num_heads >= 1, kv_len_hint None or >= 0."""
+  _check_int("num_seqs", num_seqs, 1)
+  _check_int("num_heads", num_heads, 1)
+  if kv_len_hint is not None:
+    _check_int("kv_len_hint", kv_len_hint, 0)
+
+
 def _occupancy_pick(bs_occ: int, cu: int, max_splits: int) -> int:
   best, best_score = 1, fractions.Fraction(-1)
   for i in range(1, max_splits + 1):
@@ -110,10 +118,7 @@ def num_kv_splits(num_seqs: int, num_heads: int, *, kv_len_hint: int | None = No
   Returns:
     An int in 1..16.
   """
-  _check_int("num_seqs", num_seqs, 1)
-  _check_int("num_heads", num_heads, 1)
-  if kv_len_hint is not None:
-    _check_int("kv_len_hint", kv_len_hint, 0)
+  _check_batch(num_seqs, num_heads, kv_len_hint)
   if not isinstance(arch, str) or arch not in COMPUTE_UNITS:
     raise ValueError(f"arch {arch!r} is not known to the split planner; known: "
                      f"{sorted(COMPUTE_UNITS)}")
@@ -149,10 +154,7 @@ def host_num_kv_splits(num_seqs: int, num_heads: int, *, return_lse: bool = True
   Returns:
     An int in 1..16.
   """
-  _check_int("num_seqs", num_seqs, 1)
-  _check_int("num_heads", num_heads, 1)
-  if kv_len_hint is not None:
-    _check_int("kv_len_hint", kv_len_hint, 0)
+  _check_batch(num_seqs, num_heads, kv_len_hint)
   threads = host_threads() if threads is None else _check_int("threads", threads, 1)
   least = 2 if return_lse else 1
   splits = math.ceil(HOST_TASKS_PER_THREAD * threads / num_seqs)
