@@ -181,3 +181,35 @@ def test_decode_persistent_bad_input_raises_naming_the_argument(persistent_args,
   with pytest.raises(exc, match=pattern):
     jax_mla.decode_persistent(**persistent_args, workspace=workspace, backend="reference",
                               **kwargs)
+
+
+ROWS = np.zeros((8, 512), np.uint8)
+ROPE = np.zeros((8, 64), ml_dtypes.bfloat16)
+CONVERTER_CASES = [
+    # (converter, its block or page size, packed, rope, exception, message pattern)
+    ("to_flashmla", 4, ROWS[:, :448], ROPE, ValueError,
+     r"packed must have a last dimension of 512; got shape \(8, 448\)"),
+    ("to_tpu_inference", 4, ROWS.astype(np.int8), ROPE, TypeError,
+     r"packed must have dtype uint8; got int8"),
+    ("to_flashmla", 4, ROWS, ROPE.astype(np.float32), TypeError,
+     r"rope must have dtype bfloat16; got float32"),
+    ("to_flashmla", 4, ROWS[None], ROPE, ValueError,
+     r"to_flashmla takes packed \[R, 512\] and rope \[R, 64\]; got \(1, 8, 512\) and \(8, 64\)"),
+    ("to_tpu_inference", 4, ROWS, ROPE[:4], ValueError,
+     r"to_tpu_inference takes packed \[R, 512\] and rope \[R, 64\]; got \(8, 512\) and "
+     r"\(4, 64\)"),
+    ("to_flashmla", 3, ROWS, ROPE, ValueError,
+     r"the number of rows \(8\) must be a multiple of block_size \(3\)"),
+    ("to_flashmla", 0, ROWS, ROPE, ValueError,
+     r"the number of rows \(8\) must be a multiple of block_size \(0\)"),
+    ("to_tpu_inference", 12, ROWS, ROPE, ValueError,
+     r"the number of rows \(8\) must be a multiple of page_size \(12\)"),
+    ("to_tpu_inference", 2.0, ROWS[:4], ROPE, ValueError,  # the rows are checked first
+     r"to_tpu_inference takes packed \[R, 512\] and rope \[R, 64\]"),
+]
+
+
+@pytest.mark.parametrize("converter,size,packed,rope,exc,pattern", CONVERTER_CASES)
+def test_converters_check_their_rows_alike(converter, size, packed, rope, exc, pattern):
+  with pytest.raises(exc, match=pattern):
+    getattr(jax_mla, converter)(jnp.asarray(packed), jnp.asarray(rope), size)

@@ -131,6 +131,24 @@ def unpack_rows(packed: jax.Array, rope: jax.Array, dtype=jnp.float32) -> jax.Ar
   return jnp.concatenate([nope, rope.astype(jnp.float32)], axis=-1).astype(dtype)
 
 
+def _check_converter_rows(caller: str, packed, rope) -> int:
+  """The rows a converter to another server's cache takes: packed uint8 `[R, 512]` and rope bf16
+  `[R, 64]`; returns R."""
+  _check_last_dim("packed", packed, ROW_BYTES, (jnp.uint8,))
+  _check_last_dim("rope", rope, ROPE_DIM, (jnp.bfloat16,))
+  if packed.ndim != 2 or rope.shape != (packed.shape[0], ROPE_DIM):
+    raise ValueError(
+        f"{caller} takes packed [R, 512] and rope [R, 64]; got {tuple(packed.shape)} and "
+        f"{tuple(rope.shape)}")
+  return packed.shape[0]
+
+
+def _check_rows_multiple(rows: int, name: str, size) -> None:
+  """R fills whole cache blocks (pages) of `size` rows."""
+  if size < 1 or rows % size:
+    raise ValueError(f"the number of rows ({rows}) must be a multiple of {name} ({size})")
+
+
 def to_flashmla(packed: jax.Array, rope: jax.Array, block_size: int = 64) -> jax.Array:
   """Converts packed rows `[R, 512]` + rope `[R, 64]` to FlashMLA's MODEL1_FP8Sparse cache.
 
@@ -144,15 +162,8 @@ def to_flashmla(packed: jax.Array, rope: jax.Array, block_size: int = 64) -> jax
   `block_size x (7 e8m0 + 1 zero pad)`, so the "584-byte rows" of that shape are not tokens.
   A pure byte shuffle: no value is requantized.
   """
-  _check_last_dim("packed", packed, ROW_BYTES, (jnp.uint8,))
-  _check_last_dim("rope", rope, ROPE_DIM, (jnp.bfloat16,))
-  if packed.ndim != 2 or rope.shape != (packed.shape[0], ROPE_DIM):
-    raise ValueError(
-        f"to_flashmla takes packed [R, 512] and rope [R, 64]; got {tuple(packed.shape)} and "
-        f"{tuple(rope.shape)}")
-  rows = packed.shape[0]
-  if block_size < 1 or rows % block_size:
-    raise ValueError(f"the number of rows ({rows}) must be a multiple of block_size ({block_size})")
+  rows = _check_converter_rows("to_flashmla", packed, rope)
+  _check_rows_multiple(rows, "block_size", block_size)
   blocks = rows // block_size
   rope_bytes = jax.lax.bitcast_convert_type(rope, jnp.uint8).reshape(rows, 2 * ROPE_DIM)
   data = jnp.concatenate([packed[:, :NOPE_DIM], rope_bytes], axis=-1)
@@ -257,16 +268,9 @@ def to_tpu_inference(packed: jax.Array, rope: jax.Array,
     rope_cache uint8 [R // page_size, page_size // 4, 4, 128])`, padding zero. A pure byte
     shuffle: no value is requantized, so `from_tpu_inference` gives the rows back bit for bit.
   """
-  _check_last_dim("packed", packed, ROW_BYTES, (jnp.uint8,))
-  _check_last_dim("rope", rope, ROPE_DIM, (jnp.bfloat16,))
-  if packed.ndim != 2 or rope.shape != (packed.shape[0], ROPE_DIM):
-    raise ValueError(
-        f"to_tpu_inference takes packed [R, 512] and rope [R, 64]; got {tuple(packed.shape)} and "
-        f"{tuple(rope.shape)}")
+  rows = _check_converter_rows("to_tpu_inference", packed, rope)
   _check_tpu_inference_page_size(page_size)
-  rows = packed.shape[0]
-  if rows % page_size:
-    raise ValueError(f"the number of rows ({rows}) must be a multiple of page_size ({page_size})")
+  _check_rows_multiple(rows, "page_size", page_size)
   pages = rows // page_size
   padding = jnp.zeros((rows, TPU_INFERENCE_NOPE_BYTES - TPU_INFERENCE_PAD_OFFSET), jnp.uint8)
   nope = jnp.concatenate(
