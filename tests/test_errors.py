@@ -9,15 +9,11 @@ import jax_mla
 from support.rows import make_batch
 
 
-def batch_args(num_heads):
-  b = make_batch(np.random.default_rng(0), num_heads=num_heads, lengths=[3, 4], sink=0.0)
-  return dict(q=b.q, q_rope=b.q_rope, kv=b.kv, kv_rope=b.kv_rope, kv_indptr=b.kv_indptr,
-              kv_indices=b.kv_indices, sink=b.sink)
-
-
 @pytest.fixture
 def args():
-  return batch_args(num_heads=16)
+  b = make_batch(np.random.default_rng(0), num_heads=16, lengths=[3, 4], sink=0.0)
+  return dict(q=b.q, q_rope=b.q_rope, kv=b.kv, kv_rope=b.kv_rope, kv_indptr=b.kv_indptr,
+              kv_indices=b.kv_indices, sink=b.sink)
 
 
 CASES = [
@@ -93,6 +89,7 @@ CASES = [
 @pytest.mark.parametrize("name,change,kwargs,exc,pattern", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_raises_naming_the_argument(args, name, change, kwargs, exc, pattern):
   args.update(change)
+  kwargs = dict(kwargs)  # the cases are shared with decode_persistent's test
   if kwargs.get("extra") == "short_indptr":
     kwargs["extra"] = jax_mla.KVSource(args["kv"], args["kv_rope"], np.array([0, 3], np.int32),
                                        args["kv_indices"])
@@ -124,44 +121,28 @@ def test_checks_run_before_tracing_under_jit(args):
     jax.jit(lambda **a: jax_mla.decode(**a, backend="reference"))(**args)
 
 
-@pytest.fixture
-def persistent_args():
-  return batch_args(num_heads=128)  # decode_persistent's layout
-
-
-PERSISTENT_CASES = [
-    # (name, change to the arguments, keyword overrides, exception, message pattern); "max_rows"
-    # makes the workspace, a "workspace" override replaces it.
-    ("q_packed_without_rope", dict(q_rope=None), {}, ValueError,
-     r"q_rope is required with packed uint8 q"),
-    ("q_rope_shape", dict(q_rope=np.zeros((2, 8, 64), ml_dtypes.bfloat16)), {}, ValueError,
-     r"q_rope must have shape \(2, 128, 64\)"),
-    ("kv_packed_without_rope", dict(kv_rope=None), {}, ValueError,
-     r"kv_rope is required with packed uint8 rows kv"),
-    ("kv_rope_rows", dict(kv_rope=np.zeros((3, 64), ml_dtypes.bfloat16)), {}, ValueError,
-     r"kv_rope must have shape \(512, 64\) \(kv is \(512, 512\)\); got \(3, 64\)"),
-    ("kv_float_with_rope", dict(kv=np.zeros((512, 512), np.float32)), {}, ValueError,
-     r"kv holds unquantized float32 rows with their RoPE in dims 448..511; pass kv_rope=None"),
-    ("kv_indptr_dtype", dict(kv_indptr=np.array([0, 3, 7], np.int64)), {}, TypeError,
+# decode_persistent checks Q, its KV source, the sink and the scalars as decode does (one
+# source, one token per row): the same cases, with the same messages, but those of decode-only
+# arguments; then its own. The head count is checked last (backends.check_layout), so the
+# 16-head arguments reach every check. "max_rows" makes the workspace, "workspace" replaces it.
+DECODE_ONLY = {"kv_indptr_per_token", "tokens_not_dividing", "extra_type", "extra_indptr",
+               "extra_rope", "splits_zero", "splits_float", "splits_bool", "tokens_zero"}
+PERSISTENT_CASES = [c for c in CASES if c[0] not in DECODE_ONLY] + [
+    ("kv_rope_rows_message", dict(kv_rope=np.zeros((3, 64), ml_dtypes.bfloat16)), {},
+     ValueError, r"kv_rope must have shape \(512, 64\) \(kv is \(512, 512\)\); got \(3, 64\)"),
+    ("kv_float", dict(kv=np.zeros((512, 512), np.float32), kv_rope=None,
+                      kv_indptr=np.array([0, 3, 7], np.int64)), {}, TypeError,
      r"kv_indptr must have dtype int32; got int64"),
-    ("kv_indptr_rows", dict(kv_indptr=np.array([0, 3, 5, 7], np.int32)), {}, ValueError,
-     r"kv_indptr must have num_seqs \+ 1 = 3 \(shared lists\) entries, with num_seqs = "
-     r"len\(q\) / tokens_per_seq = 2; got shape \(4,\)"),
-    ("kv_indices_rank", dict(kv_indices=np.zeros((7, 1), np.int32)), {}, ValueError,
-     r"kv_indices must have rank 1"),
     ("workspace_type", {}, dict(workspace="ws"), TypeError,
      r"workspace must be a jax_mla Workspace \(from jax_mla.make_workspace\), got str"),
     ("workspace_rows", {}, dict(max_rows=1), ValueError,
      r"N = 2 rows exceeds workspace.max_rows = 1; make the workspace with "
      r"make_workspace\(..., max_rows=2\) or larger"),
-    ("sink_shape", dict(sink=np.zeros(8, np.float32)), {}, ValueError,
-     r"sink must have shape \(128,\) \(one logit per head\); got \(8,\)"),
-    ("sink_dtype", dict(sink=np.zeros(128, np.float64)), {}, TypeError,
-     r"sink must have dtype float32; got float64"),
-    ("sink_not_array", dict(sink=[0.0] * 128), {}, TypeError, r"sink must be an array"),
-    ("float_q_sink_shape", dict(q=np.zeros((2, 128, 512), np.float32), q_rope=None,
+    ("sink_shape_message", dict(sink=np.zeros(8, np.float32)), {}, ValueError,
+     r"sink must have shape \(16,\) \(one logit per head\); got \(8,\)"),
+    ("float_q_sink_shape", dict(q=np.zeros((2, 16, 512), np.float32), q_rope=None,
                                 sink=np.zeros(8, np.float32)), {}, ValueError,
-     r"sink must have shape \(128,\) \(one logit per head\); got \(8,\)"),
+     r"sink must have shape \(16,\) \(one logit per head\); got \(8,\)"),
     ("extra", {}, dict(extra="source"), ValueError,
      r"decode_persistent takes one KV source: AMD's nm_ps kernel reads one pool"),
 ]
@@ -169,18 +150,18 @@ PERSISTENT_CASES = [
 
 @pytest.mark.parametrize("name,change,kwargs,exc,pattern", PERSISTENT_CASES,
                          ids=[c[0] for c in PERSISTENT_CASES])
-def test_decode_persistent_bad_input_raises_naming_the_argument(persistent_args, name, change,
-                                                                kwargs, exc, pattern):
-  persistent_args.update(change)
+def test_decode_persistent_bad_input_raises_naming_the_argument(args, name, change, kwargs, exc,
+                                                                pattern):
+  args.update(change)
+  kwargs = dict(kwargs, backend=kwargs.get("backend", "reference"))  # a copy: cases are shared
   workspace = kwargs.pop("workspace", None)
   if workspace is None:
     workspace = jax_mla.make_workspace(num_partitions=8, max_rows=kwargs.pop("max_rows", 16))
   if kwargs.get("extra") == "source":
-    kwargs["extra"] = jax_mla.KVSource(*(persistent_args[k] for k in (
-        "kv", "kv_rope", "kv_indptr", "kv_indices")))
+    kwargs["extra"] = jax_mla.KVSource(args["kv"], args["kv_rope"], args["kv_indptr"],
+                                       args["kv_indices"])
   with pytest.raises(exc, match=pattern):
-    jax_mla.decode_persistent(**persistent_args, workspace=workspace, backend="reference",
-                              **kwargs)
+    jax_mla.decode_persistent(**args, workspace=workspace, **kwargs)
 
 
 ROWS = np.zeros((8, 512), np.uint8)
