@@ -19,9 +19,6 @@ over the row's:
   host-persistent decode_persistent on the host backend, make_workspace() defaults (P = 128)
   host-kernel     the host executor alone (the split primitive at the host plan, no merge): what
                   the merge of the split path (XLA, pure jnp) costs is host minus this
-  host-unrolled-merge  the host executor, then the same merge written as an unrolled sum over
-                  the splits (merge_unrolled below, benchmark only): what a merge XLA:CPU
-                  compiles better would give
   xla-dot-f32     only the arithmetic, by XLA: QK and PV as jnp.einsum over K already gathered
                   and dequantized to f32 [B, K, 512] (no gather, no dequantization, no merge):
                   what XLA's own dot does with the inner products. Shapes up to 2^17 entries.
@@ -58,7 +55,7 @@ from timing.host_clock import interleaved
 HEADS = 128
 POOL = 65536
 IMPLS = ("reference", "host", "host-fp32", "host-persistent", "host-kernel",
-         "host-unrolled-merge", "xla-dot-f32", "xla-dot-bf16")
+         "xla-dot-f32", "xla-dot-bf16")
 XLA_DOT_MAX_ENTRIES = 1 << 17  # [B, K, 512] f32 beyond this is over 256 MiB
 SCALE = 1.0 / np.sqrt(512.0)
 # One QueryBlock per thread (csrc/host/attention_tile.cc): accumulator and Q 256 KiB each, the
@@ -126,24 +123,6 @@ def host_kernel(*args):
                                    backend="host", fill_unwritten_nan=True)
 
 
-def merge_unrolled(partials, partial_lse, valid_split_count, kv_indptr, sink):
-  """split.merge_splits's arithmetic with the sum over splits written out (benchmark only)."""
-  num_splits = partial_lse.shape[1]
-  tiles = (kv_indptr[1:] - kv_indptr[:-1] + planner.KV_TILE - 1) // planner.KV_TILE
-  valid = jnp.minimum(jnp.minimum(num_splits, tiles), valid_split_count)
-  mask = jnp.arange(num_splits)[None, :, None] < valid[:, None, None]
-  lse = jnp.where(mask, partial_lse, -jnp.inf)
-  m = jnp.max(lse, axis=1, keepdims=True)
-  w = jnp.where(mask, jnp.where(lse == m, 1.0, jnp.exp(lse - m)), 0.0)
-  num = sum(jnp.where(mask[:, s, :, None], w[:, s, :, None] * partials[:, s], 0.0)
-            for s in range(num_splits))
-  den = jnp.sum(w, axis=1)
-  has = jnp.broadcast_to((valid > 0)[:, None], den.shape)
-  out = jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
-  lse_out = jnp.where(has, m[:, 0] + jnp.log(jnp.where(has, den, 1.0)), sink[None, :])
-  return out.astype(jnp.bfloat16), lse_out
-
-
 def make_calls(args, lengths, impls):
   """name -> (zero-argument call, temp MiB)."""
   uniform = len(set(lengths.tolist())) == 1
@@ -176,8 +155,6 @@ def make_calls(args, lengths, impls):
       calls[impl] = (persistent_call, mem.temp_size_in_bytes / 2**20)
     elif impl == "host-kernel":
       add(impl, host_kernel, *args)
-    elif impl == "host-unrolled-merge":
-      add(impl, lambda *a: merge_unrolled(*host_kernel(*a), a[4], a[6]), *args)
     elif impl in ("xla-dot-f32", "xla-dot-bf16"):
       if not uniform or len(lengths) * int(lengths[0]) > XLA_DOT_MAX_ENTRIES:
         continue
