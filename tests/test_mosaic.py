@@ -212,3 +212,175 @@ def test_float_q_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits, 
                     batch.kv_indices, q.shape[0], tokens_per_seq)
   want = oracle_attend(computed, keys, batch.sink, 1 / np.sqrt(512))
   assert_bf16_decode_close(np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse), *want)
+
+
+# --- Float pools (bf16 or f32 rows, kv_rope None): mosaic.gather.gather_float -------------------
+
+def test_paired_float_gather_writes_every_chunk_once_and_sends_the_peer_its_bytes():
+  """With paired CTAs each producer copies half the block's rows (rank r: rows 32 r .. 32 r +
+  31) into both CTAs' tiles: the two halves together cover every chunk once, each CTA's part is
+  the PEER_BYTES its peer's barrier expects, and each quarter-warp's stores stay conflict-free."""
+  from jax_mla._src.pallas.mosaic import gather as mg  # pylint: disable=import-outside-toplevel
+  addresses = []
+  for rank in (0, 1):
+    mine, by_instruction = [], {}
+    for warp, lane in itertools.product(range(4), range(32)):
+      row_in_group, _, piece = mg.lane_work(lane)
+      for group in range(mg.groups_per_warp(True)):
+        row = mg.block_row(warp, group, row_in_group, rank)
+        assert rank * 32 <= row < rank * 32 + 32
+        for line in range(mg.FLOAT_LINES):
+          half, col = mg.float_line_columns(piece, line)
+          mine.append(mg.k_tile_offset(half, row, col))
+          by_instruction.setdefault((warp, group, line, lane // 8), []).append(mine[-1])
+    assert len(mine) * mg.CHUNK == mg.PEER_BYTES
+    for quarter_warp in by_instruction.values():
+      assert len(quarter_warp) == 8 and len({a % 128 // 16 for a in quarter_warp}) == 8
+    addresses += mine
+  assert sorted(addresses) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
+
+
+def gather_float_tile(pool, idx, num_valid):
+  """The tile [2, 64, 256] bf16 that gather_float fills (one warpgroup, one CTA, indices
+  clamped) from a float pool [N, 512] with indices idx [64] and num_valid int32 [1]."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas.mosaic import gather as mg  # pylint: disable=import-outside-toplevel
+
+  def body(pool_ref, idx_ref, n_ref, out_ref, smem):
+    mg.gather_float(pool_ref, idx_ref, n_ref[0], smem, clamp=True)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, out_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = dict(smem=plgpu.SMEM((2, mg.BLOCK_ROWS, mg.HALF), jnp.bfloat16,
+                                 transforms=mg.k_tile_transforms()))
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, mg.BLOCK_ROWS, mg.HALF),
+                                                          jnp.bfloat16),
+                      scratch_types=scratch)(pool, idx, num_valid)
+
+
+def gather_float_oracle(pool, idx, num_valid):
+  """numpy: rows idx[r] (clamped into the pool) rounded to bf16 (nearest even), zeros from
+  num_valid on."""
+  out = np.zeros((64, 512), ml_dtypes.bfloat16)
+  rows = np.clip(idx[:num_valid], 0, len(pool) - 1)
+  out[:num_valid] = np.asarray(pool)[rows].astype(ml_dtypes.bfloat16)
+  return np.stack([out[:, :256], out[:, 256:]])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_float_gather_lowers_for_cuda_on_any_machine(dtype):
+  args = (jax.ShapeDtypeStruct((200, 512), jnp.dtype(dtype)),
+          jax.ShapeDtypeStruct((64,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+  exported = export_for(gather_float_tile, "cuda", *args, custom_calls=["mosaic_gpu_v2"])
+  assert "mosaic_gpu" in exported.mlir_module()
+
+
+def test_float_gather_rejects_other_dtypes():
+  from jax_mla._src.pallas.mosaic import gather as mg  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="bf16 or f32"):
+    mg.gather_float(jax.ShapeDtypeStruct((64, 512), jnp.float16), None, 64, None)
+  with pytest.raises(ValueError, match="bf16 or f32"):
+    mg.gather_float(jax.ShapeDtypeStruct((64, 576), jnp.bfloat16), None, 64, None)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_valid", [64, 37, 1, 0])
+def test_float_gather_matches_numpy_bit_for_bit(dtype, num_valid):
+  """Rows by index (repeats, out of range: clamped), the awkward values of float_rows (ties of
+  the bf16 rounding, subnormals, inf, NaN), and rows never listed that hold NaN; rows from
+  num_valid on are zeros whatever their index says."""
+  rng = np.random.default_rng(num_valid)
+  pool = float_rows(rng, dtype)
+  idx = rng.integers(0, 150, size=64).astype(np.int32)
+  idx[:4] = [0, 1, 0, 500]  # the awkward rows, a repeat, one past the pool (reads row 199)
+  pool[150:199] = np.nan  # never listed
+  idx[num_valid:] = 175  # past num_valid: never read
+  got = np.asarray(jax.jit(gather_float_tile)(pool, idx, np.array([num_valid], np.int32)))
+  want = gather_float_oracle(pool, idx, num_valid)
+  nan = np.isnan(want.astype(np.float32))
+  assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+  assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+def float_pool_args(batch, dtype):
+  """The batch's decode arguments with its pool as float rows (`dtype`, kv_rope None), and the
+  pool's values the kernel computes with (rounded to bf16), float64."""
+  values = dequantize_rows(batch.kv, batch.kv_rope)
+  values = values * (1 + 0.2 * np.random.default_rng(0).standard_normal(values.shape))
+  kv = np.asarray(jnp.asarray(values, jnp.dtype(dtype)))
+  computed = np.asarray(jnp.asarray(jnp.asarray(kv).astype(jnp.bfloat16), jnp.float32),
+                        np.float64)
+  return (batch.q, batch.q_rope, kv, None, *batch.args()[4:-1], batch.sink_array()), computed
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
+def test_float_pool_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits,
+                                                   dtype):
+  """The float_kv option (the producer copies float rows: gather_float), in every kernel family
+  (paired CTAs at 128 heads; 1, 3 and 40 splits)."""
+  batch = make_batch(np.random.default_rng(1), num_heads=num_heads,
+                     tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3)
+  args, _ = float_pool_args(batch, dtype)
+  shapes = [None if a is None else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+            for a in args]
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=splits)
+  module = export_for(fn, "cuda", *shapes,
+                      custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  assert "mosaic_gpu" in module
+  assert ("jax_mla_merge_partials" in module) == (splits == 40)
+
+
+@pytest.mark.parametrize("forms,option", [
+    (("packed", "packed"), None), (("bfloat16", "packed"), (True, False)),
+    (("packed", "float32"), (False, True)), (("float32", "bfloat16"), (True, True)),
+    (("bfloat16", None), (True, False)), (("packed", None), None)])
+def test_the_kernel_gets_float_kv_only_for_float_pools(monkeypatch, forms, option):
+  """float_kv is a static kernel option, passed only when a pool is float: packed pools call
+  the kernel with the options they always had."""
+  from jax_mla._src.pallas.mosaic import kernel as mk  # pylint: disable=import-outside-toplevel
+  seen = []
+  real = mk.kernel
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs.get("float_kv"))
+    return real(*args, **kwargs)
+  monkeypatch.setattr(mk, "kernel", spy)
+  batch = make_batch(np.random.default_rng(2), num_heads=64, lengths=[5, 70], sink=0.3)
+
+  def pool(form):
+    if form == "packed":
+      return [jax.ShapeDtypeStruct(batch.kv.shape, jnp.uint8),
+              jax.ShapeDtypeStruct(batch.kv_rope.shape, jnp.bfloat16)]
+    return [jax.ShapeDtypeStruct(batch.kv.shape, jnp.dtype(form)), None]
+  lists = [jax.ShapeDtypeStruct(np.shape(a), jnp.int32) for a in batch.args()[4:6]]
+  args = [jax.ShapeDtypeStruct(batch.q.shape, jnp.uint8),
+          jax.ShapeDtypeStruct(batch.q_rope.shape, jnp.bfloat16), *pool(forms[0]), *lists,
+          jax.ShapeDtypeStruct((64,), jnp.float32)]
+  extra = [] if forms[1] is None else [*pool(forms[1]), *lists]
+  fn = lambda *a: md.mosaic_decode(*a[:7], tokens_per_seq=1, num_kv_splits_=2,
+                                   extra=a[7:] or None)
+  export_for(fn, "cuda", *args, *extra, custom_calls=["mosaic_gpu_v2"])
+  assert seen and all(s == option for s in seen), seen
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
+def test_float_pool_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits, dtype):
+  """A float pool (kv_rope None) on one source: the oracle on the pool values the kernel
+  computes with (bf16 as given, f32 rounded to bf16)."""
+  rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
+                     pool_rows=4096, sink=0.3, extra_indices=7)
+  args, computed = float_pool_args(batch, dtype)
+  out, lse = decoder(tokens_per_seq, splits)(*args)
+  keys = token_keys(computed, batch.kv_indptr, batch.kv_indices, batch.q.shape[0],
+                    tokens_per_seq)
+  want = oracle_attend(dequantize_rows(batch.q, batch.q_rope), keys, batch.sink,
+                       1 / np.sqrt(512))
+  assert_bf16_decode_close(np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse), *want)

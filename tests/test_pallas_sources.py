@@ -596,3 +596,384 @@ def test_mosaic_float_q_edge_cases(num_heads, tokens_per_seq):
   out, lse = one(q, *batch.args()[2:-1], batch.sink_array())
   check(as_f32(out), np.asarray(lse),
         values_oracle(computed_query(q), *batch.args()[2:], tokens_per_seq, SCALE))
+
+
+# --- Float pools: bf16 or f32 rows [R, 512] (RoPE in dims 448..511), kv_rope None ---------------
+# DeepSeek-V4 servers keep the sliding-window cache in bf16. The kernels read a float pool's
+# listed rows as they are, f32 rounded to bf16 (nearest even): no XLA gather and packing first.
+
+# (source A's form, source B's form): "packed" or a float dtype.
+POOL_FORMS = [("bfloat16", "packed"), ("float32", "packed"), ("packed", "bfloat16"),
+              ("packed", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16")]
+POOL_IDS = [f"{a}-{b}" for a, b in POOL_FORMS]
+PADDING_ROWS = 6  # rows appended to a float pool, never listed: NaN and infinities
+
+
+def float_pool(rng, kv, kv_rope, indptr, indices, dtype):
+  """A float pool (`dtype` [R + PADDING_ROWS, 512]) from a packed one: its values moved off the
+  fp8 grid (each times 1 + 0.2 n); every row no listed entry names is NaN, the padding rows NaN
+  and +-inf, and the entries past the last list name them (never read). Returns (kv, indices)."""
+  values = dequantize_rows(kv, kv_rope)
+  values = values * (1 + 0.2 * rng.standard_normal(values.shape))
+  pad = np.full((PADDING_ROWS, values.shape[1]), np.nan)
+  pad[1::3], pad[2::3] = np.inf, -np.inf
+  listed = np.zeros(len(values), bool)
+  listed[indices[:indptr[-1]]] = True
+  values[~listed] = np.nan
+  pool = np.concatenate([values, pad])
+  unlisted = np.concatenate([np.flatnonzero(~listed), len(values) + np.arange(PADDING_ROWS)])
+  indices = indices.copy()
+  indices[indptr[-1]:] = rng.choice(unlisted, size=len(indices) - indptr[-1])
+  return np.array(jnp.asarray(pool, jnp.dtype(dtype))), indices
+
+
+def row_only_in(indptr, indices, seq):
+  """A pool row that list `seq` names and no other list does."""
+  others = np.concatenate([indices[:indptr[seq]], indices[indptr[seq + 1]:indptr[-1]]])
+  return next(r for r in indices[indptr[seq]:indptr[seq + 1]] if r not in others)
+
+
+def with_float_pools(sources, rng, forms):
+  """`sources` with each pool in its form of `forms` (A's, B's): "packed" stays, a dtype
+  becomes float_pool's."""
+  b = sources.batch
+  if forms[0] != "packed":
+    b.kv, b.kv_indices = float_pool(rng, b.kv, b.kv_rope, b.kv_indptr, b.kv_indices, forms[0])
+    b.kv_rope = None
+  if forms[1] != "packed":
+    sources.kv2, sources.kv_indices2 = float_pool(rng, sources.kv2, sources.kv_rope2,
+                                                  sources.kv_indptr2, sources.kv_indices2,
+                                                  forms[1])
+    sources.kv_rope2 = None
+  return sources
+
+
+def pool_values(kv, kv_rope):
+  """float64 [R, 512]: what the kernels compute with: packed rows dequantized, float rows
+  rounded to bf16 (bf16 as they are)."""
+  if kv_rope is not None:
+    return dequantize_rows(kv, kv_rope)
+  return np.asarray(jnp.asarray(jnp.asarray(kv).astype(jnp.bfloat16), jnp.float32), np.float64)
+
+
+def pools_oracle(sources, softmax_scale=None, q=None):
+  """The float64 oracle over both sources, from their values (pool_values): per query token
+  its A entries' keys, then its B entries'. q: float Q, as `oracle`'s."""
+  b = sources.batch
+  num_tokens = b.q.shape[0]
+  queries = dequantize_rows(b.q, b.q_rope) if q is None else computed_query(q)
+  keys_a = token_keys(pool_values(b.kv, b.kv_rope), b.kv_indptr, b.kv_indices, num_tokens,
+                      b.tokens_per_seq)
+  keys_b = token_keys(pool_values(sources.kv2, sources.kv_rope2), sources.kv_indptr2,
+                      sources.kv_indices2, num_tokens, b.tokens_per_seq)
+  keys = [np.concatenate([a, k]) for a, k in zip(keys_a, keys_b)]
+  scale = 1 / math.sqrt(512) if softmax_scale is None else softmax_scale
+  out, lse = oracle_attend(queries, keys, b.sink, scale)
+  nan_rows = np.isnan(queries).any(axis=-1)
+  out[nan_rows], lse[nan_rows] = np.nan, np.nan
+  return out, lse
+
+
+def float_pool_sources(seed, forms, *, num_heads=16, tokens_per_seq=1, lengths_a=LENGTHS_A,
+                       lengths_b=LENGTHS_B, sink=0.3, **kwargs):
+  rng = np.random.default_rng(seed)
+  sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                             lengths_a=lengths_a, lengths_b=lengths_b, sink=sink, **kwargs)
+  return with_float_pools(sources, rng, forms), rng
+
+
+def test_the_float_pool_oracle_is_the_oracle_on_packed_pools():
+  """pools_oracle on two packed pools is oracle's one-pool path."""
+  sources, _ = float_pool_sources(30, ("packed", "packed"), sink=0.3)
+  want = oracle(sources)
+  got = pools_oracle(sources)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-15)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
+def test_float_pools_poison_every_unlisted_row():
+  """The test data can tell: every pool row the lists do not name is NaN or infinite."""
+  sources, _ = float_pool_sources(31, ("bfloat16", "float32"))
+  for kv, indptr, indices in ((sources.batch.kv, sources.batch.kv_indptr,
+                               sources.batch.kv_indices),
+                              (sources.kv2, sources.kv_indptr2, sources.kv_indices2)):
+    values = np.asarray(jnp.asarray(kv, jnp.float32))
+    listed = np.zeros(len(values), bool)
+    listed[indices[:indptr[-1]]] = True
+    assert np.isfinite(values[listed]).all()
+    assert (~np.isfinite(values[~listed])).all()
+    assert set(indices[indptr[-1]:]) <= set(np.flatnonzero(~listed))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("forms", POOL_FORMS, ids=POOL_IDS)
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (128, 1)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_float_pools_match_the_oracle(mode, forms, num_heads, tokens_per_seq, splits):
+  """Float pools in A, in B, in both (sequences empty in either and in both; unlisted rows
+  NaN/inf): the oracle on the pools' bf16 values."""
+  sources, _ = float_pool_sources(40 + num_heads + tokens_per_seq, forms, num_heads=num_heads,
+                                  tokens_per_seq=tokens_per_seq,
+                                  sink=np.linspace(-1, 1, num_heads).astype(np.float32))
+  out, lse = run_triton(mode, sources, num_kv_splits=splits)
+  check(out, lse, pools_oracle(sources))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sink", [None, -2.0, np.inf])
+@pytest.mark.parametrize("softmax_scale", [None, SCALE])
+def test_float_pools_sinks_and_scales(mode, sink, softmax_scale):
+  sources, _ = float_pool_sources(41, ("bfloat16", "float32"), sink=sink)
+  out, lse = run_triton(mode, sources, num_kv_splits=2, softmax_scale=softmax_scale)
+  check(out, lse, pools_oracle(sources, softmax_scale))
+
+
+def test_float_pools_are_not_packed():
+  """The check has the power to tell: the pools packed to fp8 (what the API did before float
+  pools were native) give results outside the tolerance of the float-pool oracle."""
+  sources, _ = float_pool_sources(42, ("bfloat16", "bfloat16"))
+  want = pools_oracle(sources)
+  out, lse = run_triton("interpret", sources, num_kv_splits=1)
+  check(out, lse, want)
+  packed = dataclasses.replace(sources, batch=dataclasses.replace(sources.batch))
+  packed.batch.kv, packed.batch.kv_rope = map(np.asarray, jax_mla_pack_rows(
+      jnp.asarray(np.nan_to_num(as_f32(sources.batch.kv), nan=0.0, posinf=0.0, neginf=0.0))))
+  packed.kv2, packed.kv_rope2 = map(np.asarray, jax_mla_pack_rows(
+      jnp.asarray(np.nan_to_num(as_f32(sources.kv2), nan=0.0, posinf=0.0, neginf=0.0))))
+  with pytest.raises(AssertionError):
+    assert_bf16_decode_close(*pools_oracle(packed), *want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("forms", [("float32", "packed"), ("packed", "float32"),
+                                   ("float32", "float32")], ids=["a", "b", "both"])
+def test_f32_pools_compute_as_their_bf16_rounding(mode, forms):
+  """f32 pools give bit for bit the results of the same pools rounded to bf16 (nearest even)
+  first."""
+  sources, _ = float_pool_sources(43, forms, tokens_per_seq=4)
+  rounded = dataclasses.replace(sources, batch=dataclasses.replace(sources.batch))
+  for obj, field in ((rounded.batch, "kv"), (rounded, "kv2")):
+    pool = getattr(obj, field)
+    if pool.dtype == np.float32:
+      bf16 = np.asarray(jnp.asarray(pool).astype(jnp.bfloat16))
+      finite = np.isfinite(pool)
+      assert not np.array_equal(bf16.astype(np.float32)[finite], pool[finite])  # it rounds
+      setattr(obj, field, bf16)
+  got = run_triton(mode, sources, num_kv_splits=3)
+  want = run_triton(mode, rounded, num_kv_splits=3)
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("source", ["a", "b"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_a_nan_in_a_listed_float_row_stays_in_its_sequence(mode, source, dtype):
+  """A NaN in one value of a row sequence 4 lists makes that sequence's out and lse NaN and no
+  other's."""
+  forms = (dtype, "bfloat16") if source == "a" else ("bfloat16", dtype)
+  sources, _ = float_pool_sources(44, forms)
+  pool, indices, indptr = ((sources.batch.kv, sources.batch.kv_indices, sources.batch.kv_indptr)
+                           if source == "a" else
+                           (sources.kv2, sources.kv_indices2, sources.kv_indptr2))
+  pool[row_only_in(indptr, indices, 4), 300] = np.nan
+  out, lse = run_triton(mode, sources, num_kv_splits=3)
+  assert np.isnan(out[4]).all() and np.isnan(lse[4]).all()
+  others = [0, 1, 2, 3]
+  want_out, want_lse = pools_oracle(sources)
+  check(out[others], lse[others], (want_out[others], want_lse[others]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_a_float_source_with_no_entries_at_all(mode, dtype):
+  """An empty index list (L = 0) of a float pool beside a full one, either way round; and
+  both float."""
+  for lengths_a, lengths_b in (([7, 90], [0, 0]), ([0, 0], [7, 90])):
+    for forms in ((dtype, "packed"), ("packed", dtype), (dtype, dtype)):
+      sources, _ = float_pool_sources(45, forms, lengths_a=lengths_a, lengths_b=lengths_b,
+                                      sink=0.5)
+      if not sum(lengths_b):
+        sources.kv_indices2 = sources.kv_indices2[:0]
+      else:
+        sources.batch.kv_indices = sources.batch.kv_indices[:0]
+      out, lse = run_triton(mode, sources, num_kv_splits=2)
+      check(out, lse, pools_oracle(sources))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_float_pool_on_one_source(mode, dtype, splits):
+  """The one-source kernel (no extra) with a float pool, a scale and float Q."""
+  rng = np.random.default_rng(46)
+  batch = make_batch(rng, num_heads=64, lengths=[5, 0, 150], sink=0.3, extra_indices=5)
+  kv, indices = float_pool(rng, batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices,
+                           dtype)
+  q = float_query(batch, rng, dtype)
+  decode = triton_decoder(mode, 1, splits, SCALE, two_sources=False)
+  out, lse = decode(q, None, kv, None, batch.kv_indptr, indices, batch.sink_array())
+  keys = token_keys(pool_values(kv, None), batch.kv_indptr, indices, q.shape[0], 1)
+  check(as_f32(out), np.asarray(lse), oracle_attend(computed_query(q), keys, batch.sink, SCALE))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float_q_and_float_pools(mode):
+  sources, rng = float_pool_sources(47, ("float32", "bfloat16"), num_heads=16, tokens_per_seq=4)
+  q = float_query(sources.batch, rng, "float32")
+  out, lse = run_triton_float(mode, sources, q, num_kv_splits=3, softmax_scale=SCALE)
+  check(out, lse, pools_oracle(sources, SCALE, q=q))
+
+
+def test_one_executable_serves_float_pools_of_every_set_of_lengths():
+  traces = []
+
+  def decode(*args):
+    traces.append(1)
+    return pd.pallas_decode(*args[:7], tokens_per_seq=1, num_kv_splits=None, extra=args[7:],
+                            interpret=True)
+
+  jitted = jax.jit(decode)
+  for seed, (lengths_a, lengths_b) in enumerate((([10, 20, 30], [60, 0, 40]),
+                                                 ([0, 0, 60], [0, 100, 0]))):
+    sources, _ = float_pool_sources(48 + seed, ("bfloat16", "float32"), lengths_a=lengths_a,
+                                    lengths_b=lengths_b, sink=0.0)
+    out, lse = jitted(*sources.kernel_args(), *sources.extra())
+    check(as_f32(out), np.asarray(lse), pools_oracle(sources))
+  assert len(traces) == 1
+
+
+def assert_pools_go_in_as_given(text, custom_call, pool_types):
+  """One kernel call; the float pools reach it as the arguments themselves (no gather, no
+  conversion, no fp8 packing before it)."""
+  lines = text.splitlines()
+  calls = [line for line in lines if custom_call in line]
+  assert len(calls) == 1, calls
+  outside = [line.split(" loc(")[0] for line in lines
+             if custom_call not in line and not line.startswith("#loc")]
+  assert not any("f8E4M3" in line for line in outside), "a pool was packed before the kernel"
+  operands = calls[0].split("(", 1)[1].split(")", 1)[0].split(", ")
+  for arg, pool_type in pool_types.items():
+    assert arg in operands, (arg, operands)
+    assert pool_type in calls[0], pool_type
+    # Nothing but the kernel reads the pool: no op outside it (gather, convert) has its type.
+    readers = [line for line in outside if pool_type in line and "func.func" not in line]
+    assert not readers, f"{arg} is read before the kernel: {readers[:2]}"
+
+
+def pool_types(args):
+  """{argument name: tensor type} of the float pools among decode's arguments `args` (None
+  arguments take no number)."""
+  element = {"bfloat16": "bf16", "float32": "f32"}
+  numbered = [a for a in args if a is not None]
+  return {f"%arg{i}": f"tensor<{a.shape[0]}x512x{element[str(a.dtype)]}>"
+          for i, a in enumerate(numbered)
+          if a.ndim == 2 and a.shape[1] == 512 and str(a.dtype) in element}
+
+
+def abstract_args(sources):
+  """(decode's arguments with the second source's, their abstract values: None stays)."""
+  args = [*sources.kernel_args(), *sources.extra()]
+  return args, [None if a is None else abstract([a])[0] for a in args]
+
+
+@pytest.mark.parametrize("forms", POOL_FORMS, ids=POOL_IDS)
+@pytest.mark.parametrize("platform", ["rocm", "cuda"])
+def test_triton_lowers_float_pools_into_the_kernel(platform, forms):
+  sources, _ = float_pool_sources(49, forms, num_heads=128, lengths_a=[5, 7, 0],
+                                  lengths_b=[9, 0, 0], sink=0.1)
+  args, shapes = abstract_args(sources)
+  decode = lambda *a: pd.pallas_decode(*a[:7], tokens_per_seq=1, num_kv_splits=2,
+                                       softmax_scale=SCALE, extra=a[7:])
+  text = export_for(decode, platform, *shapes,
+                    custom_calls=["__gpu$xla.gpu.triton"]).mlir_module()
+  assert_pools_go_in_as_given(text, "__gpu$xla.gpu.triton", pool_types(args))
+
+
+@pytest.mark.parametrize("forms", POOL_FORMS, ids=POOL_IDS)
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
+def test_mosaic_lowers_float_pools_for_cuda(num_heads, tokens_per_seq, lengths_a, lengths_b,
+                                            splits, forms):
+  """Every float-pool form in every kernel family (paired CTAs at 128 heads, the merge kernel at
+  40 splits): the pools go into the one Mosaic call as given."""
+  sources, _ = float_pool_sources(50, forms, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                                  lengths_a=lengths_a, lengths_b=lengths_b)
+  args, shapes = abstract_args(sources)
+  text = export_for(mosaic_decoder(tokens_per_seq, splits, SCALE), "cuda", *shapes,
+                    custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  assert_pools_go_in_as_given(text, "mosaic_gpu_v2", pool_types(args))
+  assert ("jax_mla_merge_partials" in text) == (splits == 40)
+
+
+@pytest.mark.gpu
+@HOPPER
+@pytest.mark.parametrize("forms", POOL_FORMS, ids=POOL_IDS)
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
+def test_mosaic_float_pools_match_the_oracle(num_heads, tokens_per_seq, lengths_a, lengths_b,
+                                             splits, forms):
+  sources, _ = float_pool_sources(num_heads + tokens_per_seq, forms, num_heads=num_heads,
+                                  tokens_per_seq=tokens_per_seq, lengths_a=lengths_a,
+                                  lengths_b=lengths_b, pool_a=4096, pool_b=2048,
+                                  sink=np.linspace(-1, 1, num_heads).astype(np.float32))
+  out, lse = jax.jit(mosaic_decoder(tokens_per_seq, splits, SCALE))(*sources.kernel_args(),
+                                                                     *sources.extra())
+  check(as_f32(out), np.asarray(lse), pools_oracle(sources, SCALE))
+
+
+@pytest.mark.gpu
+@HOPPER
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
+def test_mosaic_float_pool_edge_cases(num_heads, tokens_per_seq):
+  """f32 pools bit for bit as their bf16 rounding; a NaN in a listed row stays in its
+  sequence; +inf and no sinks; empty index lists; the one-source kernel with a float pool and
+  float Q."""
+  sources, rng = float_pool_sources(51, ("float32", "float32"), num_heads=num_heads,
+                                    tokens_per_seq=tokens_per_seq)
+  decode = jax.jit(mosaic_decoder(tokens_per_seq, 2, None))
+  out, lse = decode(*sources.kernel_args(), *sources.extra())
+  rounded = dataclasses.replace(sources, batch=dataclasses.replace(sources.batch))
+  rounded.batch.kv = np.asarray(jnp.asarray(sources.batch.kv).astype(jnp.bfloat16))
+  rounded.kv2 = np.asarray(jnp.asarray(sources.kv2).astype(jnp.bfloat16))
+  out16, lse16 = decode(*rounded.kernel_args(), *rounded.extra())
+  np.testing.assert_array_equal(as_f32(out), as_f32(out16))
+  np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse16))
+  check(as_f32(out), np.asarray(lse), pools_oracle(sources))
+
+  for source in ("a", "b"):
+    nan, _ = float_pool_sources(52, ("bfloat16", "float32"), num_heads=num_heads,
+                                tokens_per_seq=tokens_per_seq)
+    pool, indices, indptr = ((nan.batch.kv, nan.batch.kv_indices, nan.batch.kv_indptr)
+                             if source == "a" else (nan.kv2, nan.kv_indices2, nan.kv_indptr2))
+    pool[row_only_in(indptr, indices, 4), 300] = np.nan
+    out, lse = decode(*nan.kernel_args(), *nan.extra())
+    out, lse = as_f32(out), np.asarray(lse)
+    rows = slice(4 * tokens_per_seq, 5 * tokens_per_seq)
+    assert np.isnan(out[rows]).all() and np.isnan(lse[rows]).all()
+    want_out, want_lse = pools_oracle(nan)
+    check(out[:rows.start], lse[:rows.start], (want_out[:rows.start], want_lse[:rows.start]))
+
+  for sink in (None, np.inf):
+    sinks, _ = float_pool_sources(53, ("bfloat16", "bfloat16"), num_heads=num_heads,
+                                  tokens_per_seq=tokens_per_seq, sink=sink)
+    out, lse = decode(*sinks.kernel_args(), *sinks.extra())
+    check(as_f32(out), np.asarray(lse), pools_oracle(sinks))
+
+  for forms in (("bfloat16", "float32"), ("packed", "bfloat16")):
+    empty, _ = float_pool_sources(54, forms, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                                  lengths_a=[7, 90], lengths_b=[0, 0], sink=0.5)
+    empty.kv_indices2 = empty.kv_indices2[:0]
+    out, lse = decode(*empty.kernel_args(), *empty.extra())
+    check(as_f32(out), np.asarray(lse), pools_oracle(empty))
+
+  from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[5, 0, 150, 70], pool_rows=2048, sink=0.3, extra_indices=5)
+  kv, indices = float_pool(rng, batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices,
+                           "bfloat16")
+  q = float_query(batch, rng, "float32")
+  one = jax.jit(lambda q, kv, *a: md.mosaic_decode(q, None, kv, None, *a,
+                                                   tokens_per_seq=tokens_per_seq,
+                                                   num_kv_splits_=1, softmax_scale=SCALE))
+  out, lse = one(q, kv, batch.kv_indptr, indices, batch.sink_array())
+  keys = token_keys(pool_values(kv, None), batch.kv_indptr, indices, q.shape[0], tokens_per_seq)
+  check(as_f32(out), np.asarray(lse), oracle_attend(computed_query(q), keys, batch.sink, SCALE))

@@ -18,7 +18,9 @@ gets no second pass. Without it the kernel is the one-source kernel, op for op.
 
 Q comes packed (fp8 rows and bf16 RoPE, dequantized in the kernel) or as the model holds it:
 bf16 or f32 `[T, H, 512]` values read by the kernel as they are (f32 rounded to bf16 there),
-so no XLA pass packs it first and no fp8 rounding touches it.
+so no XLA pass packs it first and no fp8 rounding touches it. So does each pool: packed rows,
+or bf16/f32 rows `[R, 512]` with kv_rope None (DeepSeek-V4's window cache as servers keep it),
+whose listed rows the kernel gathers and reads as bf16: no XLA gather and packing first.
 
 Lengths and indices are device values; the split count depends on static shapes only, so one
 executable serves every set of lengths. Padding bytes 462..511 are never read: the scale of
@@ -101,23 +103,25 @@ def _store_pieces(ref, lead, rows, values):
 
 
 def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, num_splits,
-                   score_scale_log2, two_sources=False, float_q=False):
+                   score_scale_log2, two_sources=False, float_q=False, float_kv=(False, False)):
   """refs: q_rope (packed Q only: float_q's q_ref holds the 512 values), kv, kv_rope, sink;
   with two_sources the second source's indptr, indices, kv and kv_rope; then the outputs. A
   split walks its share of the sequence's blocks, source A's then source B's, with one online
-  softmax (kernel_math.split_two_sources)."""
+  softmax (kernel_math.split_two_sources). float_kv: per source (A, B), whether its kv holds
+  the 512 values (bf16 or f32, rounded to bf16 as they are read), without a kv_rope ref."""
   if float_q:
     q_rope_ref = None
   else:
     q_rope_ref, refs = refs[0], refs[1:]
-  kv_ref, kv_rope_ref, sink_ref, *refs = refs
+  (kv_ref, kv_rope_ref), refs = _pool_refs(refs, float_kv[0])
+  sink_ref, *refs = refs
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
   q_rows = pl.ds(row0, block_rows)
 
   if two_sources:
-    indptr_b, indices_b, kv_b, kv_rope_b = refs[:4]
-    out_refs = refs[4:]
+    indptr_b, indices_b, *refs = refs
+    (kv_b, kv_rope_b), out_refs = _pool_refs(refs, float_kv[1])
     range_a, range_b = split_two_sources(indptr_ref, indptr_b, seq, split, num_splits, block_kv)
     walks = [(indices_ref, kv_ref, kv_rope_ref, *range_a), (indices_b, kv_b, kv_rope_b, *range_b)]
   else:
@@ -192,6 +196,18 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, 
     part_lse_ref[seq, split, q_rows] = lse2 * LN2
 
 
+def _pool_refs(refs, float_rows):
+  """((a pool's ref, its RoPE ref or None for float rows), the refs after them)."""
+  if float_rows:
+    return (refs[0], None), refs[1:]
+  return (refs[0], refs[1]), refs[2:]
+
+
+def _pool_inputs(kv, kv_rope):
+  """A pool's kernel operands: packed rows and their RoPE, or float rows alone."""
+  return (kv,) if kv_rope is None else (kv, kv_rope)
+
+
 def _pad_rows(x, rows):
   pad = rows - x.shape[1]
   return x if pad == 0 else jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
@@ -212,11 +228,14 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     num_kv_splits: KV splits over the grid (with `extra`, splits of the two sources' entries
       together); None picks one from static shapes (`pallas_plan.num_kv_splits`).
     softmax_scale: the factor of q.k in the softmax, a Python float; None: 1 / sqrt(512).
+    kv, kv_rope: packed rows (uint8 `[R, 512]`, bf16 `[R, 64]`), or a float pool: bf16 or
+      f32 `[R, 512]` values (RoPE in dims 448..511) with kv_rope None, read by the kernel as
+      they are (f32 rounded to bf16 there, nearest even); no fp8 rounding.
     extra: None, or a second KV source `(kv2 uint8 [R2, 512], kv_rope2 bf16 [R2, 64],
-      kv_indptr2 int32 [num_seqs + 1], kv_indices2 int32 [L2])` with its own pool: sequence b
-      attends to the union of its entries in both sources (one softmax, one sink). Each split
-      walks its share of the sequence's blocks of source A, then of source B, reading each pool
-      in the kernel (kernel_math.split_two_sources).
+      kv_indptr2 int32 [num_seqs + 1], kv_indices2 int32 [L2])` with its own pool (packed or
+      float, as kv's): sequence b attends to the union of its entries in both sources (one
+      softmax, one sink). Each split walks its share of the sequence's blocks of source A,
+      then of source B, reading each pool in the kernel (kernel_math.split_two_sources).
     interpret: run the kernel in Pallas interpret mode (any backend, e.g. the CPU in tests).
     config: block sizes and Triton launch parameters; None: the defaults.
 
@@ -242,21 +261,25 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     q_inputs += (_pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows),)
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   extra_inputs = ()
+  float_kv = (kv_rope is None, False)
   if extra is not None:
     kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
-    extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2), kv2, kv_rope2)
+    extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2), *_pool_inputs(kv2, kv_rope2))
+    float_kv = (float_kv[0], kv_rope2 is None)
+  # Float pools: the kernel reads their values (bf16; f32 rounded to bf16 there).
+  options = {"float_kv": float_kv} if any(float_kv) else {}
 
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
       score_scale_log2=score_scale_log2(softmax_scale), two_sources=extra is not None,
-      float_q=float_q)
+      float_q=float_q, **options)
   params = {} if interpret else {"compiler_params": _compiler_params(config)}
   results = pl.pallas_call(
       kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
       grid=(num_seqs, padded_rows // block_rows, num_splits),
       interpret=interpret, name="jax_mla_pallas_decode", **params,
-  )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs, kv, kv_rope, sink_rows,
-    *extra_inputs)
+  )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs, *_pool_inputs(kv, kv_rope),
+    sink_rows, *extra_inputs)
 
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
                                  num_tokens=num_tokens, num_heads=num_heads)

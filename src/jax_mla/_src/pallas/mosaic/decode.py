@@ -18,7 +18,9 @@ Lengths and indices are device values: one executable serves every set of length
 KV source (`extra`) is read by the same CTAs (mosaic.kernel: the producer reads either pool);
 without it, and at the default scale, the kernel lowers to the one-source kernel unchanged.
 Q may be packed or bf16/f32 values as the model holds it (q_rope None): warpgroup 0 reads
-either form into its bf16 Q tile; packed Q lowers as before.
+either form into its bf16 Q tile; packed Q lowers as before. So may each pool (kv_rope None:
+bf16/f32 rows, DeepSeek-V4's window cache as servers keep it): the producer copies its rows
+into the K tile (f32 rounded to bf16) instead of dequantizing; packed pools lower as before.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   B 128, K 2048). With `extra` its producer reads both pools (mosaic.kernel). Float Q (bf16 or
   f32 values, q_rope None) is read by the kernel too (mosaic.gather.copy_consecutive: f32 is
   rounded to bf16 there), computed with as those bf16 values: no fp8 rounding, and none of the
-  XLA kernels that packing it would take first."""
+  XLA kernels that packing it would take first. Float pools (bf16 or f32 rows [R, 512] with
+  kv_rope None, in either source) are read by the producer the same way
+  (mosaic.gather.gather_float): no gather and packing of their rows by XLA first."""
   plgpu = _plgpu()
   num_tokens, num_heads = q.shape[:2]
   num_seqs = kv_indptr.shape[0] - 1
@@ -90,11 +94,15 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if softmax_scale is not None:
     options["score_scale_log2"] = score_scale_log2(softmax_scale)
   extra_inputs = ()
+  float_kv = (kv_rope is None, False)
   if extra is not None:
     kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
-    extra_inputs = (kv_indptr2.astype(jnp.int32), _block_of_indices_at_least(kv_indices2), kv2,
-                    kv_rope2)
+    extra_inputs = (kv_indptr2.astype(jnp.int32), _block_of_indices_at_least(kv_indices2),
+                    *_pool_inputs(kv2, kv_rope2))
     options["two_sources"] = True
+    float_kv = (float_kv[0], kv_rope2 is None)
+  if any(float_kv):  # the producer copies these pools' rows (bf16; f32 rounded to bf16 there)
+    options["float_kv"] = float_kv
 
   pair = row_blocks % 2 == 0
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
@@ -108,11 +116,16 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH),
       num_threads=3, thread_name="wg", **grid,
-  )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs, kv,
-    kv_rope, sink_rows, *extra_inputs)
+  )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
+    *_pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
+
+
+def _pool_inputs(kv, kv_rope):
+  """A pool's kernel operands: packed rows and their RoPE, or float rows alone."""
+  return (kv,) if kv_rope is None else (kv, kv_rope)
 
 
 def _block_of_indices_at_least(kv_indices):

@@ -19,7 +19,11 @@ row: 2.81 us per block, every load instruction touching 32 lines.) The K tile is
 64 rows, 256] bf16 with tiles of 8 x 32 and the 64-byte swizzle (k_tile_transforms(), the
 kernels'); rows at or past `num_valid` are written as zeros and their index is not read.
 `copy_consecutive` fills the same tile from float rows (Q as the model holds it, bf16 or f32:
-no dequantization, f32 rounded to bf16) with the RoPE line's work split for each 64 values.
+no dequantization, f32 rounded to bf16) with the RoPE line's work split for each 64 values;
+`gather_float` does the same by index for a float pool (a bf16 or f32 window cache: the
+producer's rows), paired CTAs included. Its loads in flight per thread (64 words: two row
+groups of bf16 or one of f32) are more than the fp8 gather's 48, within the producer's 128
+registers; whether ptxas spills there, and its speed, are not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -180,24 +184,58 @@ def copy_consecutive(rows_ref, first_row, num_valid, smem):
   RoPE pieces: a warp-wide load reads four rows' lines whole for bf16, and each quarter-warp's
   16-byte stores are conflict-free): a lane moves 8 consecutive values of each line."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  dtype = str(rows_ref.dtype)
-  if dtype not in FLOAT_GROUPS_IN_FLIGHT or tuple(rows_ref.shape[1:]) != (layout.HEAD_DIM,):
-    raise ValueError(f"float rows must be bf16 or f32 [N, {layout.HEAD_DIM}]; got {dtype} "
-                     f"{tuple(rows_ref.shape)}")
+  dtype = _float_dtype(rows_ref)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.RefType(k_tile_transforms())))
   def fill(ctx, rows, first, valid_count, tile):
     del ctx
-    _emit_copy(rows, first.registers.flat[0], valid_count.registers.flat[0], tile, dtype)
+    _emit_copy(rows, valid_count.registers.flat[0], tile, dtype,
+               first_row=first.registers.flat[0])
 
   fill(rows_ref, first_row, num_valid, smem)
 
 
-def _emit_copy(rows, first_row, valid_count, k, dtype):
-  """copy_consecutive's IR: rows first_row + r for r < valid_count (row first_row's place is
-  read for the others, and zeros stored)."""
+def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
+  """gather_dequantize for a float pool (a bf16 or f32 window cache, RoPE in dims 448..511):
+  rows idx_ref[0 .. 63] of kv_ref [N, 512] bf16 or f32 into k_smem, bf16 copied as it is, f32
+  rounded to nearest even (cvt.rn.bf16x2.f32); rows at or past num_valid are zeros and their
+  index is not read. Moved as copy_consecutive moves float Q; clamp and pair as
+  gather_dequantize's (a pair's CTA sends its peer the same PEER_BYTES)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  dtype = _float_dtype(kv_ref)
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+  arg_types = (plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(k_tile_transforms()))
+  if pair is not None:  # rank, ready_ref, tile
+    arg_types += (scalar, plgpu.RefType(), scalar)
+
+  @plgpu.inline_mgpu(arg_types=arg_types)
+  def fill(ctx, kv, idx, valid_count, k, *pair_args):
+    del ctx
+    peer = None
+    if pair_args:
+      rank, ready, tile = pair_args
+      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
+    _emit_copy(kv, valid_count.registers.flat[0], k, dtype, idx=idx, clamp=clamp, peer=peer)
+
+  fill(kv_ref, idx_ref, num_valid, k_smem, *(pair or ()))
+
+
+def _float_dtype(rows_ref):
+  """The dtype name of float rows [N, 512] (bf16 or f32); anything else raises."""
+  dtype = str(rows_ref.dtype)
+  if dtype not in FLOAT_GROUPS_IN_FLIGHT or tuple(rows_ref.shape[1:]) != (layout.HEAD_DIM,):
+    raise ValueError(f"float rows must be bf16 or f32 [N, {layout.HEAD_DIM}]; got {dtype} "
+                     f"{tuple(rows_ref.shape)}")
+  return dtype
+
+
+def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=False,
+               peer=None):
+  """copy_consecutive's and gather_float's IR: rows first_row + r (or idx[r]) for
+  r < valid_count (row first_row's place, or pool row 0, is read for the others, and zeros
+  stored). peer: as _emit_fill's (half the rows, each stored here and in the peer)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
@@ -223,13 +261,12 @@ def _emit_copy(rows, first_row, valid_count, k, dtype):
     return llvm.inline_asm(i32, [hi, lo], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
                            has_side_effects=False)
 
-  def store16(address, words):
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [address, *words],
-                    "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
-                    has_side_effects=True)
-
   rows_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rows))
   k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
+  window = None
+  if peer is not None:
+    rank, barrier = peer
+    window = _peer_window(k_base, rank, barrier)
   f32 = ir.F32Type.get()
   lane_in_group = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c32(128))
   warp = arith.divui(lane_in_group, c32(32))
@@ -237,14 +274,18 @@ def _emit_copy(rows, first_row, valid_count, k, dtype):
                                                                         c32(32)))))
   piece_bytes = arith.extui(i64, arith.muli(piece, c32(8 * value_bytes)))
 
-  groups = groups_per_warp(False)
+  groups = groups_per_warp(peer is not None)
   in_flight = FLOAT_GROUPS_IN_FLIGHT[dtype]
   for first in range(0, groups, in_flight):
     loaded = []
     for g in range(first, first + in_flight):  # every load of these groups first
-      row = block_row(_Int(warp), g, _Int(row_in_group)).value
+      row = block_row(_Int(warp), g, _Int(row_in_group),
+                      None if peer is None else _Int(rank)).value
       valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
-      entry = arith.extui(i64, add(first_row, arith.select(valid, row, zero)))
+      if idx is None:
+        entry = arith.extui(i64, add(first_row, arith.select(valid, row, zero)))
+      else:
+        entry = _listed_entry(idx, row, valid, zero, rows if clamp else None)
       row_address = add(add(rows_base, arith.muli(entry, mgpu_utils.c(
           layout.HEAD_DIM * value_bytes, i64))), piece_bytes)
       data = []
@@ -262,7 +303,7 @@ def _emit_copy(rows, first_row, valid_count, k, dtype):
                    for i in range(0, 8, 2)]
         half, col = float_line_columns(_Int(piece), j)
         address = add(k_base, k_tile_offset(_Int(c32(half)), _Int(row), col).value)
-        store16(address, [arith.select(valid, w, zero) for w in words])
+        _store16(address, [arith.select(valid, w, zero) for w in words], window)
 
 
 def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
@@ -273,7 +314,7 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith, gpu, llvm, memref
+  from jaxlib.mlir.dialects import arith, gpu, llvm
 
   i32 = ir.IntegerType.get_signless(32)
   i64 = ir.IntegerType.get_signless(64)
@@ -294,17 +335,7 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
     return asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
 
   def store16(address, words):
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [address, *words],
-                    "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
-                    has_side_effects=True)
-    if peer is not None:
-      # The same bytes at the same offset of the peer's tile; their arrival completes that
-      # many bytes of the peer's barrier (as a TMA copy would), which orders them for its
-      # wgmma.
-      llvm.inline_asm(ir.Type.parse("!llvm.void"),
-                      [add(address, peer_offset), *words, peer_barrier],
-                      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
-                      "[$0], {$1, $2, $3, $4}, [$5];", "r,r,r,r,r,r", has_side_effects=True)
+    _store16(address, words, window)
 
   def fp8x4_to_bf16(word, scale):
     """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (f32 math)."""
@@ -354,29 +385,19 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
     may lie past the list): row 0 of the pool is read in its place, its values made zeros."""
     valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
     if idx is None:
-      entry = add(first_row, row)
+      entry = arith.extui(i64, arith.select(valid, add(first_row, row), zero))
     else:
-      entry = memref.load(idx, [arith.index_cast(ir.IndexType.get(),
-                                                 arith.select(valid, row, zero))])
-    if clamp:
-      last = c32(ir.MemRefType(kv.type).shape[0] - 1)
-      entry = arith.maxsi(arith.minsi(entry, last), zero)
-    entry = arith.extui(i64, arith.select(valid, entry, zero))
+      entry = _listed_entry(idx, row, valid, zero, kv if clamp else None)
     return (valid, add(kv_base, arith.muli(entry, mgpu_utils.c(layout.ROW_BYTES, i64))),
             add(rope_base, arith.muli(entry, mgpu_utils.c(2 * layout.ROPE_DIM, i64))))
 
   kv_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(kv))
   rope_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rope))
   k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
+  window = None
   if peer is not None:
     rank, barrier = peer
-    other = arith.xori(rank, c32(1))
-
-    def peer_address(address):
-      return asm(1, [address, other], "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r")[0]
-    # The peer's shared-memory window is contiguous: one mapping serves every offset.
-    peer_offset = arith.subi(peer_address(k_base), k_base)
-    peer_barrier = peer_address(barrier)
+    window = _peer_window(k_base, rank, barrier)
 
   def k_address(half, row, col):
     return add(k_base, k_tile_offset(_Int(c32(half)), _Int(row), _Int(col)).value)
@@ -417,6 +438,56 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
           store()
       col = add(arith.muli(rope_piece, c32(8)), ROPE_FIRST_COL)
       store16(k_address(1, row, col), [arith.select(valid, x, zero) for x in rope_words])
+
+
+def _listed_entry(idx, row, valid, zero, clamp_to=None):
+  """The i64 pool row of block row `row` (i32): idx[row], clamped into clamp_to's rows when
+  given; for an invalid row 0, and its index not read (it may lie past the list)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, memref
+  position = arith.index_cast(ir.IndexType.get(), arith.select(valid, row, zero))
+  entry = memref.load(idx, [position])
+  if clamp_to is not None:
+    last = mgpu_utils.c(ir.MemRefType(clamp_to.type).shape[0] - 1, zero.type)
+    entry = arith.maxsi(arith.minsi(entry, last), zero)
+  return arith.extui(ir.IntegerType.get_signless(64), arith.select(valid, entry, zero))
+
+
+def _peer_window(k_base, rank, barrier):
+  """(the offset from this CTA's K tile to the peer's, the peer's barrier address) in the
+  cluster's shared window, for the CTA of rank `rank` (i32) in its pair."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, llvm
+  i32 = ir.IntegerType.get_signless(32)
+  other = arith.xori(rank, mgpu_utils.c(1, i32))
+
+  def peer_address(address):
+    return llvm.inline_asm(i32, [address, other], "mapa.shared::cluster.u32 $0, $1, $2;",
+                           "=r,r,r", has_side_effects=False)
+  # The peer's shared-memory window is contiguous: one mapping serves every offset.
+  return arith.subi(peer_address(k_base), k_base), peer_address(barrier)
+
+
+def _store16(address, words, window=None):
+  """Four words into shared memory at `address` (i32); with a peer window (_peer_window) also
+  into the peer's tile."""
+  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, llvm
+  void = ir.Type.parse("!llvm.void")
+  llvm.inline_asm(void, [address, *words], "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
+                  "r,r,r,r,r", has_side_effects=True)
+  if window is not None:
+    # The same bytes at the same offset of the peer's tile; their arrival completes that many
+    # bytes of the peer's barrier (as a TMA copy would), which orders them for its wgmma.
+    offset, barrier = window
+    llvm.inline_asm(void, [arith.addi(address, offset), *words, barrier],
+                    "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
+                    "[$0], {$1, $2, $3, $4}, [$5];", "r,r,r,r,r,r", has_side_effects=True)
 
 
 class _Int:

@@ -9,7 +9,9 @@ Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm9
 - warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_dequantize`
   (per-thread 16-byte loads, hardware fp8 conversion, scaled bf16 into the swizzled tile) into
   K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it. With
-  paired CTAs (mosaic.pair) it gathers half of each block into both CTAs' tiles.
+  paired CTAs (mosaic.pair) it gathers half of each block into both CTAs' tiles. A float pool
+  (bf16 or f32 rows, float_kv) it copies instead (`mosaic_gather.gather_float`: bf16 as it is,
+  f32 rounded to bf16), into the same tile with the same barriers.
 - warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), the online softmax,
   P (bf16) and the row factors into shared memory for warpgroup 1, O[:, :256] += P V[:, :256].
 - warpgroup 1: rescales its O[:, 256:] by the factors and adds P V[:, 256:], P read from
@@ -76,12 +78,15 @@ def scratch_types(pair=False):
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, s_full,
            s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
-           score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False):
+           score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
+           float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
   [T * H, 64] bf16; or (float_q) Q's values [T * H, 512] bf16 or f32, without a RoPE ref.
   refs then: the pool, its RoPE, the sink; with two_sources the second source's indptr,
   indices, pool and RoPE; then the outputs (out, lse). rows: query rows per sequence.
-  score_scale_log2: kernel_math's.
+  score_scale_log2: kernel_math's. float_kv: per source (A, B), whether its pool holds float
+  rows [R, 512] bf16 or f32 (a window cache as servers keep it), without a RoPE ref; the
+  producer copies them into the K tile (mosaic.gather.gather_float: f32 rounded to bf16).
 
   Two sources (DeepSeek-V4's window and top-k): a split's steps walk its blocks of source A,
   then of source B (kernel_math.split_two_sources). Only the producer reads the pools, so only
@@ -108,7 +113,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     q_rope_ref = None
   else:
     q_rope_ref, refs = refs[0], refs[1:]
-  kv_ref, rope_ref, sink_ref, *refs = refs
+  (kv_ref, rope_ref), refs = _pool_refs(refs, float_kv[0])
+  sink_ref, *refs = refs
   seq = lax.axis_index("seq")
   if pair:
     rank = lax.axis_index("pair")
@@ -120,7 +126,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   wg = lax.axis_index("wg")
   out_ref, lse_ref = refs[-2:]
   if two_sources:
-    indptr_b, idx_b, kv_b, rope_b = refs[:4]
+    indptr_b, idx_b, *refs = refs
+    (kv_b, rope_b), _ = _pool_refs(refs, float_kv[1])
     (start, length, chunk_lo, chunk_hi), (start_b, length_b, lo_b, hi_b) = split_two_sources(
         indptr_ref, indptr_b, seq, split, num_splits, BLOCK_KV)
     steps_a = chunk_hi - chunk_lo
@@ -165,9 +172,14 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
       first = (block0 + step) * BLOCK_KV
       num_valid = jnp.clip(length - first, 0, BLOCK_KV)
-      mosaic_gather.gather_dequantize(kv, rope, idx.at[pl.ds(start + first, BLOCK_KV)],
-                                      num_valid, k_smem.at[tile], clamp=True,
-                                      pair=(rank, ready, tile) if pair else None)
+      block_idx = idx.at[pl.ds(start + first, BLOCK_KV)]
+      pair_args = (rank, ready, tile) if pair else None
+      if rope is None:  # a float pool: its values, rounded to bf16
+        mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
+                                   pair=pair_args)
+      else:
+        mosaic_gather.gather_dequantize(kv, rope, block_idx, num_valid, k_smem.at[tile],
+                                        clamp=True, pair=pair_args)
       if pair:
         mosaic_pair.arrive_filled(ready, tile)
       else:
@@ -292,3 +304,10 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
   if pair:
     mosaic_pair.cluster_sync()
+
+
+def _pool_refs(refs, float_rows):
+  """((a pool's ref, its RoPE ref or None for float rows), the refs after them)."""
+  if float_rows:
+    return (refs[0], None), refs[1:]
+  return (refs[0], refs[1]), refs[2:]
