@@ -312,10 +312,13 @@ def _values(x) -> np.ndarray:
 
 def pool_values(backend, kv, kv_rope):
   """The pool values a backend computes with: packed rows as they are; unquantized rows as they
-  are where the backend reads them natively, else packed (adapters.packed_source)."""
+  are where the backend reads them natively (pallas: in bf16, f32 rounded to nearest even),
+  else packed (adapters.packed_source)."""
   if kv_rope is not None:
     return dequantize_rows(kv, kv_rope)
   if "float_kv" in backends.REGISTRY[backend].native:
+    if backend == "pallas":  # its kernels compute with the pool in bf16
+      return _values(jnp.asarray(kv).astype(jnp.bfloat16))
     return _values(kv)
   return dequantize_rows(*map(np.asarray, jax_mla.pack_rows(jnp.asarray(kv))))
 

@@ -256,3 +256,86 @@ def test_float_q_reaches_the_kernel_without_xla_passes(monkeypatch, kernel, plat
   assert "f8E4M3" not in outside and "stablehlo.reduce" not in outside, (
       "Q was packed before the kernel")
   assert "stablehlo.convert %arg0" not in outside, "Q was converted before the kernel"
+
+
+# --- Pools as servers keep them: bf16/f32 [R, 512], kv_rope None ("float_kv" is native) ---------
+
+def float_pool(batch, dtype):
+  """The batch's pool values moved off the fp8 grid, as `dtype` [R, 512]; and the values the
+  kernels compute with (bf16 as given, f32 rounded to bf16), float64."""
+  from support.oracle import dequantize_rows  # pylint: disable=import-outside-toplevel
+  values = dequantize_rows(batch.kv, batch.kv_rope)
+  rng = np.random.default_rng(0)
+  kv = jnp.asarray(values * (1 + 0.2 * rng.standard_normal(values.shape)), jnp.dtype(dtype))
+  return kv, np.asarray(kv.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_float_kv_is_native():
+  from jax_mla._src import backends  # pylint: disable=import-outside-toplevel
+  assert "float_kv" in backends.REGISTRY["pallas"].native
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_heads,tokens_per_seq", [(8, 1), (16, 4), (128, 1)])
+def test_decode_takes_float_pools_as_given(mode, dtype, num_heads, tokens_per_seq):
+  """The public API hands a bf16/f32 pool (with a packed second source) to the kernel
+  unpacked: the oracle on its values (f32 rounded to bf16), not on fp8-packed rows."""
+  del mode
+  from support.oracle import dequantize_rows, oracle_attend, token_keys  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(21 + num_heads)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
+                     lengths=[5, 0, 150, 1], sink=0.3, extra_indices=7)
+  second = make_batch(rng, num_heads=1, lengths=[0, 9, 70, 3], pool_rows=64)
+  kv, computed = float_pool(batch, dtype)
+  extra = jax_mla.KVSource(second.kv, second.kv_rope, second.kv_indptr, second.kv_indices)
+  decode = jax.jit(lambda kv, *a: jax_mla.decode(
+      a[0], a[1], kv, None, *a[2:], tokens_per_seq=tokens_per_seq, backend="pallas",
+      extra=extra))
+  out, lse = decode(kv, batch.q, batch.q_rope, *batch.args()[4:])
+  num_tokens = batch.q.shape[0]
+  keys = [np.concatenate([a, b]) for a, b in zip(
+      token_keys(computed, batch.kv_indptr, batch.kv_indices, num_tokens, tokens_per_seq),
+      token_keys(dequantize_rows(second.kv, second.kv_rope), second.kv_indptr,
+                 second.kv_indices, num_tokens, tokens_per_seq))]
+  want = oracle_attend(dequantize_rows(batch.q, batch.q_rope), keys, batch.sink,
+                       1 / np.sqrt(512))
+  out = np.asarray(jnp.asarray(out, jnp.float32))
+  assert np.isfinite(out).all() and np.isfinite(np.asarray(lse)).all()
+  assert_bf16_decode_close(out, np.asarray(lse), *want)
+
+
+@pytest.mark.parametrize("kernel,platform,custom_call", [
+    ("mosaic", "cuda", "mosaic_gpu_v2"), ("triton", "cuda", "__gpu$xla.gpu.triton"),
+    ("triton", "rocm", "__gpu$xla.gpu.triton")])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_float_pools_reach_the_kernel_without_xla_passes(monkeypatch, kernel, platform,
+                                                         custom_call, dtype):
+  """jax_mla.decode with bf16/f32 pools in both sources lowers to the kernel call alone: no
+  gather of the listed rows and no packing before it (the H200 spent 32-82% more time on a
+  decode whose bf16 window pool the API packed: benchmarks/results/h200_2026-12-04/
+  two_sources*.json)."""
+  monkeypatch.setattr(pallas_backend, "device_kernel", lambda: (kernel, "lowering only"))
+  batch = make_batch(np.random.default_rng(22), num_heads=128, lengths=[5, 0, 150], sink=0.3)
+  pool = jax.ShapeDtypeStruct((batch.kv.shape[0], 512), jnp.dtype(dtype))
+  pool2 = jax.ShapeDtypeStruct((77, 512), jnp.dtype(dtype))
+  lists = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()[4:6]]
+  shapes = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in batch.args()[:2]]
+  sink = jax.ShapeDtypeStruct((128,), jnp.float32)
+  text = export_for(lambda q, q_rope, kv, indptr, indices, sink, kv2, indptr2, indices2:
+                    jax_mla.decode(q, q_rope, kv, None, indptr, indices, sink, backend="pallas",
+                                   num_kv_splits=1,
+                                   extra=jax_mla.KVSource(kv2, None, indptr2, indices2)),
+                    platform, *shapes, pool, *lists, sink, pool2, *lists,
+                    custom_calls=[custom_call]).mlir_module()
+  lines = text.splitlines()
+  calls = [line for line in lines if custom_call in line]
+  assert len(calls) == 1
+  outside = [line.split(" loc(")[0] for line in lines
+             if custom_call not in line and not line.startswith("#loc")]
+  element = {"bfloat16": "bf16", "float32": "f32"}[dtype]
+  for rows in (batch.kv.shape[0], 77):
+    pool_type = f"tensor<{rows}x512x{element}>"
+    assert pool_type in calls[0]
+    readers = [line for line in outside if pool_type in line and "func.func" not in line]
+    assert not readers, f"the pool is read before the kernel: {readers[:2]}"
+  assert not any("f8E4M3" in line for line in outside), "a pool was packed before the kernel"

@@ -87,8 +87,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             decode=_entry("jax_mla._src.pallas.backend", "decode"),
             decode_persistent=_entry("jax_mla._src.pallas.backend", "decode_persistent"),
             # Both kernels apply the scale exactly, read both pools in one launch and read bf16
-            # or f32 Q themselves (computing in bf16).
-            native=frozenset({"softmax_scale", "extra", "float_q"})),
+            # or f32 Q and pools themselves (computing in bf16).
+            native=frozenset({"softmax_scale", "extra", "float_q", "float_kv"})),
     Backend("reference", available=_always, decode_layouts=_any_layout,
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.reference", "decode"),
