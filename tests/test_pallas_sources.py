@@ -1,7 +1,8 @@
 """The Pallas kernels with two KV sources in one call (`extra=`: DeepSeek-V4's sliding window
-and compressed top-k, each its own pool), a softmax scale other than 1/sqrt(512), and Q as the
+and compressed top-k, each its own pool), a softmax scale other than 1/sqrt(512), Q as the
 model holds it (bf16 or f32 values [T, H, 512], q_rope None: read by the kernels as they are,
-f32 rounded to bf16).
+f32 rounded to bf16), and pools as servers keep them (bf16 or f32 rows [R, 512], kv_rope None,
+in either source or both: read the same way; checked against the oracle on their bf16 values).
 
 The expected results come from the float64 oracle on one pool: the two pools concatenated and
 the second source's indices offset into the copy, each sequence's two lists joined. That path
