@@ -6,7 +6,8 @@ specialization); on other CUDA GPUs and on ROCm GPUs the Triton-lowered kernel
 floor, 3x plain XLA at batch >= 64 and no slower anywhere, held at every shape measured on an
 H200, 2026-12-03: benchmarks/README.md). Both kernels hold the decode contracts (lse with
 the sink, empty rows, padding never read, one executable for every set of lengths), take a
-softmax scale applied in the kernel, and read a second KV source (`extra`) in the same launch.
+softmax scale applied in the kernel, read a second KV source (`extra`) in the same launch, and
+read bf16/f32 Q and bf16/f32 pools as given (computed with as bf16).
 """
 
 from __future__ import annotations
