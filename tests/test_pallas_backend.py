@@ -311,7 +311,8 @@ def test_decode_takes_float_pools_as_given(mode, dtype, num_heads, tokens_per_se
 def test_float_pools_reach_the_kernel_without_xla_passes(monkeypatch, kernel, platform,
                                                          custom_call, dtype):
   """jax_mla.decode with bf16/f32 pools in both sources lowers to the kernel call alone: no
-  gather of the listed rows and no packing before it (the H200 spent 32-82% more time on a
+  gather of the listed rows and no packing before it (f32 pools on the Triton kernel: their
+  listed rows in bf16) (the H200 spent 32-82% more time on a
   decode whose bf16 window pool the API packed: benchmarks/results/h200_2026-12-04/
   two_sources*.json)."""
   monkeypatch.setattr(pallas_backend, "device_kernel", lambda: (kernel, "lowering only"))
@@ -333,6 +334,11 @@ def test_float_pools_reach_the_kernel_without_xla_passes(monkeypatch, kernel, pl
   outside = [line.split(" loc(")[0] for line in lines
              if custom_call not in line and not line.startswith("#loc")]
   element = {"bfloat16": "bf16", "float32": "f32"}[dtype]
+  if kernel == "triton" and dtype == "float32":
+    # Triton's f32 tiles overflow shared memory: XLA rounds the listed rows to bf16 first.
+    listed = f"tensor<{lists[1].shape[0]}x512xbf16>"
+    assert calls[0].count(listed) == 2 and "x512xf32>" not in calls[0], calls[0]
+    return
   for rows in (batch.kv.shape[0], 77):
     pool_type = f"tensor<{rows}x512x{element}>"
     assert pool_type in calls[0]

@@ -228,9 +228,10 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     num_kv_splits: KV splits over the grid (with `extra`, splits of the two sources' entries
       together); None picks one from static shapes (`pallas_plan.num_kv_splits`).
     softmax_scale: the factor of q.k in the softmax, a Python float; None: 1 / sqrt(512).
-    kv, kv_rope: packed rows (uint8 `[R, 512]`, bf16 `[R, 64]`), or a float pool: bf16 or
-      f32 `[R, 512]` values (RoPE in dims 448..511) with kv_rope None, read by the kernel as
-      they are (f32 rounded to bf16 there, nearest even); no fp8 rounding.
+    kv, kv_rope: packed rows (uint8 `[R, 512]`, bf16 `[R, 64]`), or a float
+      pool: bf16 or f32 `[R, 512]` values (RoPE in dims 448..511) with kv_rope None, computed
+      with as bf16 (no fp8 rounding). A bf16 pool is read by the kernel as it is; an f32 pool's
+      listed rows are rounded to bf16 (nearest even) by XLA first (`_f32_pool_as_bf16_rows`).
     extra: None, or a second KV source `(kv2 uint8 [R2, 512], kv_rope2 bf16 [R2, 64],
       kv_indptr2 int32 [num_seqs + 1], kv_indices2 int32 [L2])` with its own pool (packed or
       float, as kv's): sequence b attends to the union of its entries in both sources (one
@@ -261,9 +262,11 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     q_inputs += (_pad_rows(q_rope.reshape(num_seqs, rows, layout.ROPE_DIM), padded_rows),)
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   extra_inputs = ()
+  kv, kv_indices = _f32_pool_as_bf16_rows(kv, kv_rope, kv_indices)
   float_kv = (kv_rope is None, False)
   if extra is not None:
     kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
+    kv2, kv_indices2 = _f32_pool_as_bf16_rows(kv2, kv_rope2, kv_indices2)
     extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2), *_pool_inputs(kv2, kv_rope2))
     float_kv = (float_kv[0], kv_rope2 is None)
   # Float pools: the kernel reads their values (bf16; f32 rounded to bf16 there).
@@ -284,6 +287,18 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
                                  num_tokens=num_tokens, num_heads=num_heads)
   return out, (lse if return_lse else None)
+
+
+def _f32_pool_as_bf16_rows(kv, kv_rope, kv_indices):
+  """(pool, indices) for the kernel: an f32 float pool becomes its listed rows rounded to bf16
+  (an XLA gather; the list becomes 0, 1, ...), any other pool stays as it is. Triton's f32 tiles
+  overflow shared memory (the H200: 270 KB asked, 232 KB there, 2026-12-04), and servers keep
+  their float caches in bf16. Indices are clamped as the kernel clamps them."""
+  if kv_rope is not None or kv.dtype != jnp.float32 or kv.shape[0] == 0:
+    return kv, kv_indices
+  listed = jnp.clip(_one_index_at_least(kv_indices.astype(jnp.int32)), 0, kv.shape[0] - 1)
+  rows = jnp.take(kv, listed, axis=0).astype(jnp.bfloat16)
+  return rows, jnp.arange(listed.shape[0], dtype=jnp.int32)
 
 
 def _one_index_at_least(indices):
