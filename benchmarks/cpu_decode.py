@@ -1,7 +1,8 @@
 """The CPU sweep: the host backend against the reference, side by side, at DeepSeek-V4 shapes.
 
 Usage: python benchmarks/cpu_decode.py [--batch 1 2 4 8 16 32 64] [--len 512 2048 8192]
-                                       [--rounds 5] [--impls ...] [--out PATH_STEM]
+                                       [--rounds 5] [--min-seconds 3] [--impls ...]
+                                       [--out PATH_STEM]
        python benchmarks/cpu_decode.py --table RESULTS.json   (the README's table)
 
 Shapes: 128 heads, one token per sequence; every batch x KV length with all sequences that long
@@ -9,7 +10,8 @@ Shapes: 128 heads, one token per sequence; every batch x KV length with all sequ
 sequences, ragged lengths up to 512 with an empty one, a sink). Implementations, each one jitted
 function timed on the host clock, all of a shape interleaved round by round
 (`timing.host_clock.interleaved`) so that other work on the machine spreads over all of them;
-the median over rounds is reported with its min and max, and `ratio` is the reference's median
+the median over rounds (at least --rounds, more until a shape's rounds take --min-seconds,
+up to 60) is reported with its min and max, and `ratio` is the reference's median
 over the row's:
 
   reference       backend="reference" (pure JAX, chunked online softmax; XLA's dot)
@@ -165,9 +167,20 @@ def make_calls(args, lengths, impls):
   return calls
 
 
-def measure(label, args, lengths, impls, rounds):
+def rounds_for(calls, rounds, min_seconds, max_rounds=60):
+  """At least `rounds`, and enough for the shape's rounds to take `min_seconds` (up to
+  `max_rounds`): a millisecond call on a shared 2-core machine needs many samples for a
+  stable median."""
+  probe = interleaved(calls, 1)
+  per_round = sum(t[0] for t in probe.values())
+  return max(rounds, min(max_rounds, int(np.ceil(min_seconds / max(per_round, 1e-6)))))
+
+
+def measure(label, args, lengths, impls, rounds, min_seconds=0.0):
   calls = make_calls(args, lengths, impls)
-  times = interleaved({name: c for name, (c, _) in calls.items()}, rounds)
+  plain = {name: c for name, (c, _) in calls.items()}
+  rounds = rounds_for(plain, rounds, min_seconds)
+  times = interleaved(plain, rounds, warmup=0)
   flops = 2.0 * HEADS * float(lengths.sum()) * 1024
   ref = float(np.median(times["reference"])) if "reference" in times else None
   threads = planner.host_threads()
@@ -253,7 +266,9 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
   p.add_argument("--len", type=int, nargs="+", default=[512, 2048, 8192])
-  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--rounds", type=int, default=5, help="at least this many rounds per shape")
+  p.add_argument("--min-seconds", type=float, default=3.0,
+                 help="more rounds (up to 60) until a shape's rounds take this long")
   p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
   p.add_argument("--no-demo", action="store_true", help="skip the demo's shape")
   p.add_argument("--out", metavar="STEM", help="write STEM.json and STEM.csv")
@@ -267,11 +282,11 @@ def main(argv=None):
   if not a.no_demo:
     args, lengths = synthetic_batch(batch=8, heads=HEADS, max_len=512, tokens_per_seq=1,
                                     pool_rows=4096, seed=0)
-    rows += measure("demo", args, lengths, a.impls, a.rounds)
+    rows += measure("demo", args, lengths, a.impls, a.rounds, a.min_seconds)
   for kv_len in a.len:
     for batch in a.batch:
       args, lengths = uniform_batch(batch, kv_len)
-      rows += measure("uniform", args, lengths, a.impls, a.rounds)
+      rows += measure("uniform", args, lengths, a.impls, a.rounds, a.min_seconds)
   machine = cpu_meta()
   meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           # "CPU ..." is how notebooks/performance.md tells CPU files from GPU ones.
