@@ -17,6 +17,7 @@ import pytest
 
 from support.compare import assert_bf16_decode_close
 from support.gpu_export import export_for
+from support.mosaic_tile import k_tile_kernel
 from jax_mla._src.pallas.mosaic import decode as md
 from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_keys
 from support.rows import make_batch
@@ -138,20 +139,9 @@ def test_float_copy_writes_every_chunk_once_with_its_dims_and_no_bank_conflicts(
 def copy_tile(rows, params):
   """The tile [2, 64, 256] bf16 that copy_consecutive fills from rows [N, 512] (bf16 or f32);
   params int32 [2]: the first row, the number of valid rows."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   from jax_mla._src.pallas.mosaic import gather as mg  # pylint: disable=import-outside-toplevel
-
-  def body(rows_ref, params_ref, out_ref, smem):
-    mg.copy_consecutive(rows_ref, params_ref[0], params_ref[1], smem)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(smem, out_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-  scratch = dict(smem=plgpu.SMEM((2, mg.BLOCK_ROWS, mg.HALF), jnp.bfloat16,
-                                 transforms=mg.k_tile_transforms()))
-  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, mg.BLOCK_ROWS, mg.HALF),
-                                                          jnp.bfloat16),
-                      scratch_types=scratch)(rows, params)
+  return k_tile_kernel(lambda rows_ref, params_ref, smem: mg.copy_consecutive(
+      rows_ref, params_ref[0], params_ref[1], smem), rows, params)
 
 
 def float_rows(rng, dtype, num_rows=200):
@@ -243,20 +233,9 @@ def test_paired_float_gather_writes_every_chunk_once_and_sends_the_peer_its_byte
 def gather_float_tile(pool, idx, num_valid):
   """The tile [2, 64, 256] bf16 that gather_float fills (one warpgroup, one CTA, indices
   clamped) from a float pool [N, 512] with indices idx [64] and num_valid int32 [1]."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   from jax_mla._src.pallas.mosaic import gather as mg  # pylint: disable=import-outside-toplevel
-
-  def body(pool_ref, idx_ref, n_ref, out_ref, smem):
-    mg.gather_float(pool_ref, idx_ref, n_ref[0], smem, clamp=True)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(smem, out_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-  scratch = dict(smem=plgpu.SMEM((2, mg.BLOCK_ROWS, mg.HALF), jnp.bfloat16,
-                                 transforms=mg.k_tile_transforms()))
-  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, mg.BLOCK_ROWS, mg.HALF),
-                                                          jnp.bfloat16),
-                      scratch_types=scratch)(pool, idx, num_valid)
+  return k_tile_kernel(lambda pool_ref, idx_ref, n_ref, smem: mg.gather_float(
+      pool_ref, idx_ref, n_ref[0], smem, clamp=True), pool, idx, num_valid)
 
 
 def gather_float_oracle(pool, idx, num_valid):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from support.gpu_export import export_for
+from support.mosaic_tile import k_tile_kernel
 from jax_mla._src import layout
 from jax_mla._src.pallas.mosaic import gather as mg
 from test_mosaic import GPU
@@ -20,19 +21,8 @@ POOL = 4096
 
 def gather_tile(kv, rope, idx, num_valid, math="f32"):
   """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-
-  def body(kv_ref, rope_ref, idx_ref, n_ref, out_ref, k_smem):
-    mg.gather_dequantize(kv_ref, rope_ref, idx_ref, n_ref[0], k_smem, math=math)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(k_smem, out_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-  scratch = dict(k_smem=plgpu.SMEM((2, mg.BLOCK_ROWS, mg.HALF), jnp.bfloat16,
-                                   transforms=mg.k_tile_transforms()))
-  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, mg.BLOCK_ROWS, mg.HALF),
-                                                          jnp.bfloat16),
-                      scratch_types=scratch)(kv, rope, idx, num_valid)
+  return k_tile_kernel(lambda kv_ref, rope_ref, idx_ref, n_ref, smem: mg.gather_dequantize(
+      kv_ref, rope_ref, idx_ref, n_ref[0], smem, math=math), kv, rope, idx, num_valid)
 
 
 def oracle(kv, rope, idx, num_valid):
