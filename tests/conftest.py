@@ -1,6 +1,13 @@
 # Test helpers are the package tests/support; pytest puts tests/ and benchmarks/ (the timing
 # library the benchmark tests use) on sys.path (pyproject.toml, [tool.pytest.ini_options]).
+import os
+
 import pytest
+
+# The tests run in one process per core (pytest-xdist, pyproject's addopts), which on a GPU
+# machine share its GPUs: each takes memory as it needs it, not 75% of it up front. Set before
+# any test imports jax.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -43,14 +43,11 @@ import sys, jax_mla._src.ext as e
 m = e.extension()
 print("== sanitized extension:", m.__file__)
 sys.exit(0 if m.__file__.startswith(sys.argv[1]) else 1)' "$tree"
-# Reports go to files: pytest captures fd 2, and an aborting process would lose them.
-status=0
+# A report halts the process (a crashed test, or a crashed xdist worker, fails the run). pytest
+# captures at the Python level only (--capture=sys): the sanitizers write to fd 2, and with fd
+# capture their report was lost with the process (log_path wrote no file with the preloaded
+# runtime either).
 LD_PRELOAD="$preload" \
-  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:log_path="$tree/asan" \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path="$tree/ubsan" \
-  PYTHONPATH="$tree/src" "$py" -m pytest -q -p no:cacheprovider "$@" || status=$?
-for report in "$tree"/asan.* "$tree"/ubsan.*; do
-  [ -e "$report" ] || continue
-  echo "== sanitizer report $report:"; cat "$report"; status=1
-done
-exit $status
+  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  PYTHONPATH="$tree/src" "$py" -m pytest -q -p no:cacheprovider --capture=sys "$@"
