@@ -75,3 +75,23 @@ def result_types(num_seqs: int, num_splits: int, padded_rows: int):
   return (
       jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
       jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
+
+
+def float_kv_option(kv_rope, extra) -> dict:
+  """The kernels' `float_kv` keyword: per source (A, B), whether its pool holds float rows (its
+  RoPE ref absent); empty when neither does, so packed pools lower as without the option."""
+  float_kv = (kv_rope is None, extra is not None and extra[1] is None)
+  return {"float_kv": float_kv} if any(float_kv) else {}
+
+
+def pool_inputs(kv, kv_rope):
+  """A pool's kernel operands: packed rows and their RoPE, or float rows alone."""
+  return (kv,) if kv_rope is None else (kv, kv_rope)
+
+
+def pool_refs(refs, float_rows):
+  """In a kernel, ((a pool's ref, its RoPE ref or None for float rows), the refs after them):
+  pool_inputs's operands."""
+  if float_rows:
+    return (refs[0], None), refs[1:]
+  return (refs[0], refs[1]), refs[2:]

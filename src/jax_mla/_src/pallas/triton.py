@@ -113,7 +113,7 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, 
     q_rope_ref = None
   else:
     q_rope_ref, refs = refs[0], refs[1:]
-  (kv_ref, kv_rope_ref), refs = _pool_refs(refs, float_kv[0])
+  (kv_ref, kv_rope_ref), refs = pallas_plan.pool_refs(refs, float_kv[0])
   sink_ref, *refs = refs
   seq, row_block, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   row0 = row_block * block_rows
@@ -121,7 +121,7 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, 
 
   if two_sources:
     indptr_b, indices_b, *refs = refs
-    (kv_b, kv_rope_b), out_refs = _pool_refs(refs, float_kv[1])
+    (kv_b, kv_rope_b), out_refs = pallas_plan.pool_refs(refs, float_kv[1])
     range_a, range_b = split_two_sources(indptr_ref, indptr_b, seq, split, num_splits, block_kv)
     walks = [(indices_ref, kv_ref, kv_rope_ref, *range_a), (indices_b, kv_b, kv_rope_b, *range_b)]
   else:
@@ -196,18 +196,6 @@ def _decode_kernel(indptr_ref, indices_ref, q_ref, *refs, block_rows, block_kv, 
     part_lse_ref[seq, split, q_rows] = lse2 * LN2
 
 
-def _pool_refs(refs, float_rows):
-  """((a pool's ref, its RoPE ref or None for float rows), the refs after them)."""
-  if float_rows:
-    return (refs[0], None), refs[1:]
-  return (refs[0], refs[1]), refs[2:]
-
-
-def _pool_inputs(kv, kv_rope):
-  """A pool's kernel operands: packed rows and their RoPE, or float rows alone."""
-  return (kv,) if kv_rope is None else (kv, kv_rope)
-
-
 def _pad_rows(x, rows):
   pad = rows - x.shape[1]
   return x if pad == 0 else jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
@@ -263,14 +251,13 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   extra_inputs = ()
   kv, kv_indices = _f32_pool_as_bf16_rows(kv, kv_rope, kv_indices)
-  float_kv = (kv_rope is None, False)
   if extra is not None:
     kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
     kv2, kv_indices2 = _f32_pool_as_bf16_rows(kv2, kv_rope2, kv_indices2)
-    extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2), *_pool_inputs(kv2, kv_rope2))
-    float_kv = (float_kv[0], kv_rope2 is None)
+    extra_inputs = (kv_indptr2, _one_index_at_least(kv_indices2),
+                    *pallas_plan.pool_inputs(kv2, kv_rope2))
   # Float pools: the kernel reads their values (bf16; f32 rounded to bf16 there).
-  options = {"float_kv": float_kv} if any(float_kv) else {}
+  options = pallas_plan.float_kv_option(kv_rope, extra)
 
   kernel = functools.partial(
       _decode_kernel, block_rows=block_rows, block_kv=config.block_kv, num_splits=num_splits,
@@ -281,8 +268,8 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       kernel, out_shape=pallas_plan.result_types(num_seqs, num_splits, padded_rows),
       grid=(num_seqs, padded_rows // block_rows, num_splits),
       interpret=interpret, name="jax_mla_pallas_decode", **params,
-  )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs, *_pool_inputs(kv, kv_rope),
-    sink_rows, *extra_inputs)
+  )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs,
+    *pallas_plan.pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)
 
   out, lse = pallas_merge.finish(results, num_splits, sink_rows, rows=rows,
                                  num_tokens=num_tokens, num_heads=num_heads)

@@ -94,15 +94,13 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   if softmax_scale is not None:
     options["score_scale_log2"] = score_scale_log2(softmax_scale)
   extra_inputs = ()
-  float_kv = (kv_rope is None, False)
   if extra is not None:
     kv2, kv_rope2, kv_indptr2, kv_indices2 = extra
     extra_inputs = (kv_indptr2.astype(jnp.int32), _block_of_indices_at_least(kv_indices2),
-                    *_pool_inputs(kv2, kv_rope2))
+                    *pallas_plan.pool_inputs(kv2, kv_rope2))
     options["two_sources"] = True
-    float_kv = (float_kv[0], kv_rope2 is None)
-  if any(float_kv):  # the producer copies these pools' rows (bf16; f32 rounded to bf16 there)
-    options["float_kv"] = float_kv
+  # Float pools: the producer copies their rows (bf16; f32 rounded to bf16 there).
+  options.update(pallas_plan.float_kv_option(kv_rope, extra))
 
   pair = row_blocks % 2 == 0
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
@@ -117,15 +115,10 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH),
       num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
-    *_pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)
+    *pallas_plan.pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
-
-
-def _pool_inputs(kv, kv_rope):
-  """A pool's kernel operands: packed rows and their RoPE, or float rows alone."""
-  return (kv,) if kv_rope is None else (kv, kv_rope)
 
 
 def _block_of_indices_at_least(kv_indices):

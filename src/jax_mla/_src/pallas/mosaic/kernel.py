@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
+from jax_mla._src.pallas import plan as pallas_plan
 from jax_mla._src.jax_compat import mgpu_load
 from jax_mla._src.kernel_math import SCORE_SCALE_LOG2, split_chunks, split_two_sources
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
@@ -113,7 +114,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     q_rope_ref = None
   else:
     q_rope_ref, refs = refs[0], refs[1:]
-  (kv_ref, rope_ref), refs = _pool_refs(refs, float_kv[0])
+  (kv_ref, rope_ref), refs = pallas_plan.pool_refs(refs, float_kv[0])
   sink_ref, *refs = refs
   seq = lax.axis_index("seq")
   if pair:
@@ -127,7 +128,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   out_ref, lse_ref = refs[-2:]
   if two_sources:
     indptr_b, idx_b, *refs = refs
-    (kv_b, rope_b), _ = _pool_refs(refs, float_kv[1])
+    (kv_b, rope_b), _ = pallas_plan.pool_refs(refs, float_kv[1])
     (start, length, chunk_lo, chunk_hi), (start_b, length_b, lo_b, hi_b) = split_two_sources(
         indptr_ref, indptr_b, seq, split, num_splits, BLOCK_KV)
     steps_a = chunk_hi - chunk_lo
@@ -304,10 +305,3 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
   if pair:
     mosaic_pair.cluster_sync()
-
-
-def _pool_refs(refs, float_rows):
-  """((a pool's ref, its RoPE ref or None for float rows), the refs after them)."""
-  if float_rows:
-    return (refs[0], None), refs[1:]
-  return (refs[0], refs[1]), refs[2:]
