@@ -19,7 +19,7 @@ from test_mosaic import GPU
 POOL = 4096
 
 
-def gather_tile(kv, rope, idx, num_valid, math="f32"):
+def gather_tile(kv, rope, idx, num_valid, math="bf16"):
   """The K tile [2, 64, 256] bf16 that gather_dequantize fills (one warpgroup, one CTA)."""
   return k_tile_kernel(lambda kv_ref, rope_ref, idx_ref, n_ref, smem: mg.gather_dequantize(
       kv_ref, rope_ref, idx_ref, n_ref[0], smem, math=math), kv, rope, idx, num_valid)
@@ -127,15 +127,17 @@ def test_lowers_for_cuda_on_any_machine(math):
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("math", ["f32", "bf16"])
 @pytest.mark.parametrize("num_valid", [64, 37, 0])
-def test_matches_numpy_bit_for_bit(num_valid):
+def test_matches_numpy_bit_for_bit(num_valid, math):
   rng = np.random.default_rng(num_valid)
   kv, rope = random_pool(rng)
   idx = rng.integers(0, POOL, 64).astype(np.int32)
   idx[:4] = [1, 2, 3, 1]  # the extreme scales, one row twice
   # Past num_valid the list holds an out-of-range index, which must not be read.
   idx[num_valid:] = 1 << 30
-  got = np.asarray(jax.jit(gather_tile)(kv, rope, idx, np.array([num_valid], np.int32)))
+  got = np.asarray(jax.jit(functools.partial(gather_tile, math=math))(
+      kv, rope, idx, np.array([num_valid], np.int32)))
   want = oracle(kv, rope, idx, num_valid)
   assert np.isfinite(want.astype(np.float32)).all()
   assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

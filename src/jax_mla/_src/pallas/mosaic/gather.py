@@ -23,7 +23,8 @@ no dequantization, f32 rounded to bf16) with the RoPE line's work split for each
 `gather_float` does the same by index for a float pool (a bf16 or f32 window cache: the
 producer's rows), paired CTAs included. Its loads in flight per thread (64 words: two row
 groups of bf16 or one of f32) are more than the fp8 gather's 48, within the producer's 128
-registers; whether ptxas spills there, and its speed, are not yet measured on a GPU.
+registers. On the H200 (2026-12-04) a decode whose window pool was bf16 took 1.006-1.098x the
+time of one packed pool holding the same entries (benchmarks/README.md, two sources).
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ ROWS_PER_LOAD = 4  # rows per warp-wide load: 32 lanes x 16 bytes / LINE
 GROUPS_IN_FLIGHT = 2  # row groups whose loads are issued before any is converted
 FP8_LINES = -(-layout.NOPE_DIM // LINE)  # 3.5 lines of fp8 per row: the last one half used
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
-# "f32": the dequantization (fp8 -> f16 -> f32, times the scale, -> bf16). "none": the fp8
-# words stored unconverted, wrong values, for measuring what the conversion costs
-# (benchmarks/mosaic_stage_rates.py). A bf16x2 version of the arithmetic (bit shifts and two
-# bf16 multiplies, fewer conversion instructions) was slower on the H200: 1.88 us per block
-# against 1.62 (2026-12-03).
-MATHS = ("f32", "none")
+# "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
+# tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
+# scale in f32 before rounding to bf16: four. Both give the same bits (the scale is a power of
+# two, so each rounds once; the bit-for-bit GPU test holds both). On the H200 (2026-12-04) "bf16"
+# took 112.1 against 124.0 us at 64 heads, B 128, K 2048 and 204.2 against 209.1 at 128 heads.
+# "none": the fp8 words stored unconverted, wrong values, for measuring what the conversion
+# costs. Slower: a bf16x2 form that decoded the fp8 bits with shifts instead of cvt (1.88 us per
+# block against 1.62, 2026-12-03).
+MATHS = ("f32", "bf16", "none")
 # Bytes one CTA of a pair (gather_dequantize's pair) writes into the other's K tile per
 # block: half the rows, both halves of the tile, bf16.
 PEER_BYTES = BLOCK_ROWS // 2 * 2 * HALF * 2
@@ -94,7 +98,7 @@ def fp8_store_columns(piece, line):
   return half, piece * 16 + first_col
 
 
-def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="f32",
+def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf16",
                       clamp=False, pair=None):
   """Fills k_smem [2, 64, 256] bf16 (k_tile_transforms()) with rows idx_ref[0 .. 63] of the
   packed pool: kv_ref [N, 512] uint8, rope_ref [N, 64] bf16, idx_ref [64] int32 (all in global
@@ -337,11 +341,30 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
   def store16(address, words):
     _store16(address, words, window)
 
+  # Four e4m3 bytes ($2) -> f32 f0..f3 (exact), then times the scale ($3) and rounded to two
+  # words of bf16 pairs ($0, $1): in f32 before rounding ("f32"), or in bf16x2 after ("bf16",
+  # $3 a word of two bf16).
+  scaled = {
+      "f32": ("""
+      mul.rn.f32 f0, f0, $3;
+      mul.rn.f32 f1, f1, $3;
+      mul.rn.f32 f2, f2, $3;
+      mul.rn.f32 f3, f3, $3;
+      cvt.rn.bf16x2.f32 $0, f1, f0;
+      cvt.rn.bf16x2.f32 $1, f3, f2;""", "=r,=r,r,f"),
+      "bf16": ("""
+      cvt.rn.bf16x2.f32 c, f1, f0;
+      cvt.rn.bf16x2.f32 d, f3, f2;
+      mul.rn.bf16x2 $0, c, $3;
+      mul.rn.bf16x2 $1, d, $3;""", "=r,=r,r,r"),
+  }
+
   def fp8x4_to_bf16(word, scale):
-    """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (f32 math)."""
+    """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (tile_scale's)."""
+    tail, constraints = scaled[math]
     return asm(2, [word, scale], """{
       .reg .b16 lo, hi;
-      .reg .b32 a, b;
+      .reg .b32 a, b, c, d;
       .reg .b16 a0, a1, b0, b1;
       .reg .f32 f0, f1, f2, f3;
       mov.b32 {lo, hi}, $2;
@@ -352,14 +375,8 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
       cvt.f32.f16 f0, a0;
       cvt.f32.f16 f1, a1;
       cvt.f32.f16 f2, b0;
-      cvt.f32.f16 f3, b1;
-      mul.rn.f32 f0, f0, $3;
-      mul.rn.f32 f1, f1, $3;
-      mul.rn.f32 f2, f2, $3;
-      mul.rn.f32 f3, f3, $3;
-      cvt.rn.bf16x2.f32 $0, f1, f0;
-      cvt.rn.bf16x2.f32 $1, f3, f2;
-    }""", "=r,=r,r,f")
+      cvt.f32.f16 f3, b1;""" + tail + """
+    }""", constraints)
 
   def tile_scale(scales, word, second):
     """The f32 scale 2^(byte - 127) of tile 2 word + second (byte 0: the subnormal 2^-127,
@@ -370,6 +387,9 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
     bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(0x00400000), bits)
     bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(0x7FC00000),
                         bits)
+    if math == "bf16":  # the top half of the f32, in both halves of a word
+      top = arith.shrui(bits, c32(16))
+      return arith.ori(top, arith.shli(top, c32(16)))
     return arith.bitcast(f32, bits)
 
   def dequantize16(words, scale, valid):
