@@ -253,6 +253,43 @@ def test_long_ragged_runs_on_both_kernel_families(host_kernels, gqa, msq, num_kv
   check_against_oracle(batch, out, lse)
 
 
+def test_every_fp8_byte_at_every_scale(host_kernels):
+  """One KV entry per sequence and Q zero: each output row is its KV row, dequantized (exact in
+  bf16), for every e4m3 byte at every e8m0 scale where the value is a finite float (the bf16
+  kernels take a lookup table for scales 2^-117..2^118 and f32 arithmetic outside it). Scale
+  byte 0 (2^-127) is left out: a denormal, read as 0 under XLA's flush-to-zero, by both
+  families; results that are denormal are 0 or denormal."""
+  from support.oracle import dequantize_rows  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(47)
+  fp8 = np.arange(256)
+  fp8 = fp8[(fp8 & 0x7F) != 0x7F]  # NaN
+  rows = []
+  for scale_byte in range(1, 255):
+    value = dequantize_rows(np.concatenate([np.resize(fp8, 448), np.full(64, scale_byte)])
+                            .astype(np.uint8)[None], np.zeros((1, 64), np.float32))[0, :448]
+    usable = fp8[np.abs(value[:len(fp8)]) < 2.0**127]  # finite in f32 and bf16
+    row = np.zeros(512, np.uint8)
+    row[:448] = np.roll(np.resize(usable, 448), scale_byte)
+    row[448:462] = scale_byte
+    rows.append(row)
+  kv = np.stack(rows)
+  kv_rope = rng.standard_normal((len(rows), 64)).astype(jnp.bfloat16)
+  num = len(rows)
+  q = np.zeros((num, 16, 512), np.uint8)
+  q[..., 448:462] = 127
+  q_rope = np.zeros((num, 16, 64), jnp.bfloat16)
+  indptr = np.arange(num + 1, dtype=np.int32)
+  indices = np.arange(num, dtype=np.int32)
+  sink = np.full(16, -np.inf, np.float32)
+  out, _ = jitted(1, 1, False)(q, q_rope, kv, kv_rope, indptr, indices, sink)
+  out = np.asarray(out.astype(jnp.float32))
+  want = dequantize_rows(kv, kv_rope)
+  normal = np.abs(want) >= 2.0**-126  # the bf16 kernels' dot products flush denormals
+  for h in range(16):
+    np.testing.assert_array_equal(out[:, h][normal], want[normal])
+    assert np.all(np.abs(out[:, h][~normal]) < 2.0**-126)
+
+
 def test_both_kernel_families_agree(monkeypatch):
   rng = np.random.default_rng(41)
   batch = make_batch(rng, num_heads=128, lengths=[300, 5, 0], pool_rows=400, sink=0.25)

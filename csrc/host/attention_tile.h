@@ -83,10 +83,19 @@ struct KvRows {
   const std::uint16_t* kv_rope;
 };
 
+// KV rows a call may ask the caches for while it works (the first tile it will attend to:
+// no earlier tile prefetched them).
+struct KvPrefetch {
+  KvRows kv{nullptr, nullptr};
+  const std::int32_t* ids = nullptr;
+  std::int64_t count = 0;
+};
+
 // Dequantizes num_rows (1..128) consecutive packed query rows (q [num_rows, 512], q_rope
-// [num_rows, 64]) into the block and starts an empty softmax (max -inf, sums 0, acc 0).
+// [num_rows, 64]) into the block and starts an empty softmax (max -inf, sums 0, acc 0);
+// meanwhile prefetches up to one tile of `prefetch` (indices already bounds-checked).
 void LoadQueryRows(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
-                   QueryBlock& block);
+                   QueryBlock& block, const KvPrefetch& prefetch = {});
 
 // A number no other executor call gets: a block keeps the Q it loaded for the call that loaded
 // it, never for another (the buffer may hold other values by then).
@@ -95,7 +104,7 @@ std::uint64_t NewCallId();
 // LoadQueryRows, except that a block already holding these rows, loaded during call `call_id`,
 // keeps them and only restarts its softmax (pieces of one row, one after the other).
 void LoadQueryRowsOnce(const std::uint8_t* q, const std::uint16_t* q_rope, int num_rows,
-                       std::uint64_t call_id, QueryBlock& block);
+                       std::uint64_t call_id, QueryBlock& block, const KvPrefetch& prefetch = {});
 
 // Attends the block to KV rows kv_ids[0..num_tokens) (indices already bounds-checked), in tiles
 // starting at kv_ids[0], each KV row dequantized once per block; scores are q.k * scale.

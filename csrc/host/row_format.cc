@@ -37,11 +37,6 @@ float DecodeE4m3fn(std::uint8_t byte) {
   return sign ? -magnitude : magnitude;
 }
 
-float DecodeE8m0(std::uint8_t byte) {
-  if (byte == 0xFF) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, static_cast<int>(byte) - 127);
-}
-
 void DequantizeRow(const std::uint8_t* packed, const std::uint16_t* rope, float* out) {
   const ByteTables& t = Tables();
   for (int tile = 0; tile < kScaleTiles; ++tile) {

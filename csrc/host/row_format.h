@@ -7,6 +7,7 @@
 #define JAX_MLA_HOST_ROW_FORMAT_H_
 
 #include <cstdint>
+#include <cstring>
 
 namespace jax_mla::host {
 
@@ -21,8 +22,15 @@ inline constexpr int kFirstScaleByte = kNopeDim;
 // OCP e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no infinities; S.1111.111 is NaN.
 float DecodeE4m3fn(std::uint8_t byte);
 
-// e8m0: 2^(byte - 127); 0xFF is NaN.
-float DecodeE8m0(std::uint8_t byte);
+// e8m0: 2^(byte - 127); 0xFF is NaN. Built from the bits (inline: the tile kernels call it
+// for every scale tile, 7 per KV row): byte as the exponent field, 0 the denormal 2^-127.
+inline float DecodeE8m0(std::uint8_t byte) {
+  const std::uint32_t b = byte;
+  const std::uint32_t bits = b == 0 ? 0x00400000u : b == 0xFF ? 0x7FC00000u : b << 23;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
 
 // Writes the 512 floats of one row: packed[0..447] scaled by their tile's first scale copy,
 // then the 64 bf16 RoPE values.

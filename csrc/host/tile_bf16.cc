@@ -10,6 +10,7 @@
 #include "host/tile_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 
@@ -114,12 +115,65 @@ JAX_MLA_BF16_INLINE void Accumulate(const std::uint32_t* pairs, int stride, cons
   }
 }
 
+// The 128 e4m3fn magnitudes as bf16 bits (DecodeE4m3fn's values, exact: at most 4 significant
+// bits; 0x7F a positive quiet NaN), in four registers of 32 for VPERMT2W.
+struct E4m3Table {
+  __m512i t[4];
+};
+
+JAX_MLA_BF16_INLINE E4m3Table LoadE4m3Table() {
+  alignas(64) static const auto bits = [] {
+    std::array<std::uint16_t, 128> t{};
+    for (int mag = 0; mag < 128; ++mag) {
+      const float v = DecodeE4m3fn(static_cast<std::uint8_t>(mag));
+      std::uint32_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      t[mag] = static_cast<std::uint16_t>(u >> 16);
+    }
+    return t;
+  }();
+  E4m3Table table;
+  for (int i = 0; i < 4; ++i) table.t[i] = _mm512_loadu_si512(bits.data() + 32 * i);
+  return table;
+}
+
+// One scale tile of 64 bytes, values e4m3 * 2^(scale_byte - 127), as the f32 path below gives
+// them. Only for scale bytes in [10, 245]: there every nonzero product is a normal float (the
+// magnitudes are 2^-9 .. 448), so scaling is an add to the exponent field, exact.
+JAX_MLA_BF16_INLINE void DequantizeTileByTable(const std::uint8_t* src, int scale_byte,
+                                               const E4m3Table& table, std::uint16_t* out) {
+  // The exponent field's step is 1 << 7; a multiply, since shifting a negative int is undefined.
+  const __m512i exponent = _mm512_set1_epi16(static_cast<std::int16_t>((scale_byte - 127) * 128));
+  for (int i = 0; i < kScaleTileDim; i += 32) {
+    const __m512i b = _mm512_cvtepu8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    const __m512i lo = _mm512_permutex2var_epi16(table.t[0], b, table.t[1]);  // index bits 0-5
+    const __m512i hi = _mm512_permutex2var_epi16(table.t[2], b, table.t[3]);
+    __m512i v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(b, _mm512_set1_epi16(0x40)), lo, hi);
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(b, _mm512_set1_epi16(0x80)),
+                                                  _mm512_set1_epi16(0xFF));
+    const __mmask32 finite_nonzero =
+        _kandn_mask32(nan, _mm512_test_epi16_mask(b, _mm512_set1_epi16(0x7F)));
+    v = _mm512_mask_add_epi16(v, finite_nonzero, v, exponent);
+    const __m512i sign = _mm512_and_si512(_mm512_slli_epi16(b, 8), _mm512_set1_epi16(-0x8000));
+    v = _mm512_or_si512(v, _mm512_maskz_mov_epi16(~nan, sign));  // NaN stays positive
+    _mm512_storeu_si512(out + i, v);
+  }
+}
+
 // One packed row (and its bf16 RoPE) as 512 bf16 bit patterns. Exact: an e4m3 value times a
 // power of two has 4 significant bits, so dropping the low 16 bits of its float loses nothing
-// (float denormals below 2^-133 aside, which become 0). The RoPE bits are copied.
+// (float denormals below 2^-133 aside, which become 0). The RoPE bits are copied. Tiles with a
+// scale in the table's range go through it (a third of the instructions); others through f32.
 JAX_MLA_BF16_INLINE void DequantizeRowBf16(const std::uint8_t* packed, const std::uint16_t* rope,
-                                           std::uint16_t* out) {
+                                           const E4m3Table& table, std::uint16_t* out) {
   for (int tile = 0; tile < kScaleTiles; ++tile) {
+    const int scale_byte = packed[kFirstScaleByte + 2 * tile];
+    if (scale_byte >= 10 && scale_byte <= 245) {
+      DequantizeTileByTable(packed + kScaleTileDim * tile, scale_byte, table,
+                            out + kScaleTileDim * tile);
+      continue;
+    }
     const float scale = ScaleOf(packed, tile);
     for (int i = 0; i < kScaleTileDim; i += 16) {
       const std::uint8_t* src = packed + kScaleTileDim * tile + i;
@@ -158,6 +212,37 @@ JAX_MLA_BF16_INLINE void InterleaveTokenPairs(const std::uint16_t* kb, int num_p
   }
 }
 
+// r[k] = column k of the 16 x 16 block of u32 whose rows are r[0..15] (shuffles: 16 gathers
+// of one lane per row cost several times more).
+JAX_MLA_BF16_INLINE void Transpose16(__m512i r[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 16; h += 8) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      t[h + j] = _mm512_shuffle_i32x4(r[h + j], r[h + 4 + j], 0x88);
+      t[h + 4 + j] = _mm512_shuffle_i32x4(r[h + j], r[h + 4 + j], 0xdd);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
 template <int kNr>
 JAX_MLA_BF16_INLINE void ScoreRows(const QueryBlock& b, const std::uint32_t* kb, int n,
                                    float scale, int r0, RowPrefetch& prefetch) {
@@ -174,30 +259,36 @@ JAX_MLA_BF16_INLINE void ScoreRows(const QueryBlock& b, const std::uint32_t* kb,
 }  // namespace
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
-void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& b) {
+void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& b,
+               const KvRows& kv, const std::int32_t* prefetch_ids, int prefetch_count) {
   std::uint32_t* qp = static_cast<std::uint32_t*>(b.q_);
   const int stride = b.padded_rows;
-  // 16 rows at a time: dequantized row-major, then written along the rows, 64 bytes per pair.
+  RowPrefetch prefetch{kv.kv, kv.kv_rope, prefetch_ids, prefetch_count};
+  const int per_group = (prefetch_count + stride / 16 - 1) / (stride / 16);
+  // 16 rows at a time: dequantized row-major, then transposed 16 x 16 pairs at a time.
   alignas(64) std::uint32_t rows[16][kDimPairs];
+  const E4m3Table table = LoadE4m3Table();
   for (int r0 = 0; r0 < stride; r0 += 16) {
+    prefetch.Next(per_group);
     for (int i = 0; i < 16; ++i) {
       const int r = r0 + i;
       if (r < b.num_rows) {
         DequantizeRowBf16(q + static_cast<std::size_t>(kRowBytes) * r,
-                          q_rope + static_cast<std::size_t>(kRopeDim) * r,
+                          q_rope + static_cast<std::size_t>(kRopeDim) * r, table,
                           reinterpret_cast<std::uint16_t*>(rows[i]));
       } else {
         std::memset(rows[i], 0, sizeof(rows[i]));
       }
     }
-    const __m512i lanes = _mm512_setr_epi32(0, kDimPairs, 2 * kDimPairs, 3 * kDimPairs,
-                                            4 * kDimPairs, 5 * kDimPairs, 6 * kDimPairs,
-                                            7 * kDimPairs, 8 * kDimPairs, 9 * kDimPairs,
-                                            10 * kDimPairs, 11 * kDimPairs, 12 * kDimPairs,
-                                            13 * kDimPairs, 14 * kDimPairs, 15 * kDimPairs);
-    for (int dp = 0; dp < kDimPairs; ++dp) {
-      _mm512_storeu_si512(qp + static_cast<std::size_t>(dp) * stride + r0,
-                          _mm512_i32gather_epi32(lanes, &rows[0][dp], 4));
+    for (int dp0 = 0; dp0 < kDimPairs; dp0 += 16) {
+      __m512i block[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) block[i] = _mm512_load_si512(&rows[i][dp0]);
+      Transpose16(block);
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) {
+        _mm512_storeu_si512(qp + static_cast<std::size_t>(dp0 + k) * stride + r0, block[k]);
+      }
     }
   }
 }
@@ -208,12 +299,13 @@ void AttendTile(const KvRows& kv, const std::int32_t* kv_ids, int n, float scale
   constexpr int kMr = 6;
   RowPrefetch prefetch{kv.kv, kv.kv_rope, next_ids, next_n};
   std::uint16_t* kb = static_cast<std::uint16_t*>(b.k_);
+  const E4m3Table table = LoadE4m3Table();
   const std::size_t tile_rows = static_cast<std::size_t>(b.tile_tokens) + 16;
   std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(kb + tile_rows * kHeadDim);
   for (int j = 0; j < n; ++j) {
     const std::int64_t row = kv_ids[j];
     DequantizeRowBf16(kv.kv + static_cast<std::size_t>(row) * kRowBytes,
-                      kv.kv_rope + static_cast<std::size_t>(row) * kRopeDim,
+                      kv.kv_rope + static_cast<std::size_t>(row) * kRopeDim, table,
                       kb + static_cast<std::size_t>(kHeadDim) * j);
   }
   // Up to 15 zero rows: the score kernels round n up to their token count, PV to a pair.
@@ -259,7 +351,8 @@ bool Supported() {
 #else  // not x86-64 GCC: the fp32 kernels serve
 
 bool Supported() { return false; }
-void LoadQuery(const std::uint8_t*, const std::uint16_t*, QueryBlock&) {}
+void LoadQuery(const std::uint8_t*, const std::uint16_t*, QueryBlock&, const KvRows&,
+               const std::int32_t*, int) {}
 void AttendTile(const KvRows&, const std::int32_t*, int, float, QueryBlock&, const std::int32_t*,
                 int) {}
 

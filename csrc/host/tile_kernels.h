@@ -12,8 +12,10 @@ namespace jax_mla::host::bf16 {
 // Whether this build has the kernels and the CPU runs them (AVX512 F, BW, VL and BF16).
 bool Supported();
 
-// Q rows [num_rows] into block.q_ as bf16 pairs [256][padded_rows] (pad rows zero).
-void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& block);
+// Q rows [num_rows] into block.q_ as bf16 pairs [256][padded_rows] (pad rows zero); meanwhile
+// prefetches the `prefetch_count` rows `prefetch_ids` of kv.
+void LoadQuery(const std::uint8_t* q, const std::uint16_t* q_rope, QueryBlock& block,
+               const KvRows& kv, const std::int32_t* prefetch_ids, int prefetch_count);
 
 // One tile of n (1..tile_tokens) KV rows: scores, the softmax step, PV; meanwhile prefetches
 // the next_n rows next_ids (the next tile).

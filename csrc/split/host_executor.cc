@@ -286,10 +286,12 @@ void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_u
   const std::int64_t first_row = token0 * heads;  // (token, head) rows, token-major
   for (std::int64_t row0 = 0; row0 < rows; row0 += host::kMaxQueryRows) {
     const int num_rows = static_cast<int>(std::min<std::int64_t>(host::kMaxQueryRows, rows - row0));
+    const host::KvRows kv{a.kv, a.kv_rope};
+    const std::int32_t* ids = a.kv_indices + kv_begin + range.lo;
     host::LoadQueryRowsOnce(a.q + (first_row + row0) * kRowBytes,
-                            a.q_rope + (first_row + row0) * kRopeDim, num_rows, call_id, block);
-    host::AttendKvRows(host::KvRows{a.kv, a.kv_rope}, a.kv_indices + kv_begin + range.lo,
-                       range.hi - range.lo, a.scale, block);
+                            a.q_rope + (first_row + row0) * kRopeDim, num_rows, call_id, block,
+                            host::KvPrefetch{kv, ids, range.hi - range.lo});
+    host::AttendKvRows(kv, ids, range.hi - range.lo, a.scale, block);
     for (int r = 0; r < num_rows; ++r) {
       const std::int64_t local = row0 + r;
       WriteOutputRow(a, token0 + local / heads, local % heads, split, block.Acc(r), block.max[r],
@@ -310,14 +312,16 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
   const bool fill_per_task = options.fill_unwritten_nan && CoversEveryRow(args, bounds);
   if (options.fill_unwritten_nan && !fill_per_task) FillUnwritten(args, bounds);
 
-  // Tasks (sequence, split), the longest first (ties in order), so that the threads finish
-  // together on ragged batches: the order changes no result.
+  // Tasks (sequence, split), the longest sequences first (ties in order), so that the threads
+  // finish together on ragged batches; a sequence's splits stay neighbours, and with claims
+  // from both ends a thread usually runs them in turn, loading Q once. The order changes no
+  // result.
   const std::int64_t gy = plan.grid.y, gz = plan.grid.z;
-  std::vector<std::pair<std::int64_t, std::int64_t>> order;  // (-tokens, task)
+  std::vector<std::pair<std::int64_t, std::int64_t>> order;  // (-entries, task)
   order.reserve(static_cast<std::size_t>(gy * gz));
   for (std::int64_t task = 0; task < gy * gz; ++task) {
-    const SplitRange r = RangeOf(args, task / gz, task % gz);
-    order.emplace_back(-(r.hi - r.lo), task);
+    const std::int64_t b = task / gz;
+    order.emplace_back(-(args.kv_indptr[b + 1] - args.kv_indptr[b]), task);
   }
   std::sort(order.begin(), order.end());
   const std::uint64_t call_id = host::NewCallId();
@@ -326,7 +330,7 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
       gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
         const std::int64_t task = order[static_cast<std::size_t>(id)].second;
         RunTask(args, task / gz, task % gz, fill_per_task, call_id, block);
-      });
+      }, /*both_ends=*/true);
   if (!done) {
     return Status::Internal(
         "jax_mla host split executor: a worker failed (out of memory?); outputs are incomplete");
