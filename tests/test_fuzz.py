@@ -1,8 +1,7 @@
 """Generated cases (hypothesis) against the float64 oracle, on every path that runs on the CPU.
 
-Over 1,000 cases per run (`test_generated_case_count` holds the total: 1,150 are drawn, and the
-host split path's refusals, one split with two sources, are checked but not counted; 1,130 counted
-in a run), spread over the paths:
+Over 1,000 cases per run (`test_generated_case_count` holds the total: 1,150 are drawn and
+counted), spread over the paths:
 the reference, the host split path at planned and forced split counts with its default and its
 fp32 kernels, the host persistent path at several partition counts, and the Pallas Triton kernel
 in interpret mode. A case is a ragged batch with random lengths (empty and one-entry sequences
@@ -275,28 +274,27 @@ def test_reference(d, kind, return_lse):
 
 
 def host_split_case(name, d, kind, splits):
-  if splits != "one split":
-    run_decode(name, d, kind, backend="host", num_kv_splits=splits)
-  elif kind == "two_sources":  # refused (not counted): the merge of two sources needs each lse
-    with pytest.raises(ValueError, match="num_kv_splits=1 with extra="):
-      run_decode(name, d, kind, backend="host", num_kv_splits=1, return_lse=False)
-  else:
+  """splits: None (the CPU's plan), a count, or one split (the kernel's direct bf16 output)
+  with the LSE the executor adds, or without an LSE."""
+  if splits == "one split, no lse":
     run_decode(name, d, kind, backend="host", num_kv_splits=1, return_lse=False)
+  else:
+    run_decode(name, d, kind, backend="host", num_kv_splits=1 if splits == "one split" else splits)
 
 
 @needs_host
 @examples(360)
 @given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
-       st.sampled_from([None, None, 2, 3, 16, "one split"]))
+       st.sampled_from([None, None, 2, 3, 16, "one split", "one split, no lse"]))
 def test_host_split(d, kind, splits):
-  """The host split path with its default kernels (AVX512-BF16 where the CPU has them); splits
-  None is the CPU's plan, "one split" the direct bf16 output without an LSE."""
+  """The host split path with its default kernels (AVX512-BF16 where the CPU has them)."""
   host_split_case("host", d, kind, splits)
 
 
 @needs_host
 @examples(170)
-@given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds, st.sampled_from([None, 3, "one split"]))
+@given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
+       st.sampled_from([None, 3, "one split", "one split, no lse"]))
 def test_host_split_fp32_kernels(monkeypatch_env, d, kind, splits):
   """The same path with the fp32 kernels, which CPUs without AVX512-BF16 run."""
   monkeypatch_env("JAX_MLA_HOST_KERNELS", "fp32")

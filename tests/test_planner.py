@@ -83,29 +83,26 @@ def test_bad_arguments_name_the_argument(picker, kwargs, error, message):
 
 # --- the host backend's plan: for the CPU it runs on --------------------------------------------
 
-@pytest.mark.parametrize("num_seqs,threads,return_lse,want", [
-    (1, 2, True, 2), (1, 2, False, 2), (2, 2, True, 2), (2, 2, False, 1), (64, 2, True, 2),
-    (64, 2, False, 1), (1, 8, True, 8), (3, 8, True, 3), (3, 8, False, 3), (1, 64, True, 16),
-    (100, 64, False, 1)])
-def test_host_plan_gives_each_thread_a_task(num_seqs, threads, return_lse, want):
+@pytest.mark.parametrize("num_seqs,threads,want", [
+    (1, 1, 1), (1, 2, 2), (2, 2, 1), (3, 2, 1), (64, 2, 1), (1, 8, 8), (3, 8, 3), (1, 64, 16),
+    (100, 64, 1)])
+def test_host_plan_gives_each_thread_a_task(num_seqs, threads, want):
   """A (sequence, split) task holds all of a sequence's heads: splits only until every thread
-  has a task, and at least the two an LSE needs."""
+  has a task (the executor merges and writes the LSE at any count, one split included)."""
   for num_heads in (16, 128):
-    got = planner.host_num_kv_splits(num_seqs, num_heads, return_lse=return_lse,
-                                     threads=threads)
+    got = planner.host_num_kv_splits(num_seqs, num_heads, threads=threads)
     assert got == want
     assert num_seqs * got >= min(threads, num_seqs * planner.MAX_SPLITS)  # a task per thread
 
 
 def test_host_plan_hint_keeps_splits_long():
   assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=1024) == 4  # 256 each
-  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=10) == 2  # the LSE's floor
-  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=10, return_lse=False) == 1
+  assert planner.host_num_kv_splits(1, 128, threads=8, kv_len_hint=10) == 1
 
 
 def test_host_plan_threads_default_to_the_affinity():
   assert planner.host_threads() >= 1
-  assert planner.host_num_kv_splits(1, 128) == max(2, min(16, planner.host_threads()))
+  assert planner.host_num_kv_splits(1, 128) == min(16, planner.host_threads())
 
 
 @pytest.mark.parametrize("threads,error,message", [
@@ -138,8 +135,7 @@ def test_split_decode_plans_the_host_for_the_cpu_and_gfx950_for_the_mi355x():
   occupancy pick, 16 at batch 1) stays what backend='gfx950' gets and what plan.num_kv_splits
   says."""
   assert _planned_splits("host", 1) == planner.host_num_kv_splits(1, 128)
-  assert _planned_splits("host", 64) == 2
-  assert _planned_splits("host", 64, return_lse=False) == planner.host_num_kv_splits(
-      64, 128, return_lse=False)
+  assert _planned_splits("host", 64) == 1  # the executor writes the LSE at one split too
+  assert _planned_splits("host", 64, return_lse=False) == 1
   assert _planned_splits("gfx950", 1) == plan.num_kv_splits(1, 128) == 16
   assert _planned_splits("gfx950", 64) == plan.num_kv_splits(64, 128)

@@ -1,5 +1,6 @@
 """The host backend (the C++ executor running the nm kernel's plan) against the float64 oracle,
-with both of its CPU kernel families.
+with both of its CPU kernel families, and both endings: the executor's own merge (what the host
+backend runs) and the XLA merge of the kernel's partials (what gfx950 runs).
 
 Every call goes through jax.jit and the FFI, with fill_unwritten_nan on unless a test says
 otherwise: whatever the executor leaves unwritten is NaN, so it cannot reach a result unseen.
@@ -25,17 +26,18 @@ LENGTHS = [0, 5, 70, 33, 150, 1]
 
 
 @functools.lru_cache(maxsize=None)
-def jitted(tokens_per_seq, num_kv_splits, return_lse, fill=True):
+def jitted(tokens_per_seq, num_kv_splits, return_lse, fill=True, merge=True):
   return jax.jit(functools.partial(
       split_decode, tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits, backend="host",
-      return_lse=return_lse, fill_unwritten_nan=fill))
+      return_lse=return_lse, fill_unwritten_nan=fill, merge_in_executor=merge))
 
 
-def run(batch, num_kv_splits, *, return_lse=None, fill=True):
+def run(batch, num_kv_splits, *, return_lse=None, fill=True, merge=True):
+  """(out f32, lse or None). merge: the executor's merge, else XLA's (no LSE at one split)."""
   if return_lse is None:
-    return_lse = num_kv_splits != 1
+    return_lse = merge or num_kv_splits != 1
   args = batch.args()[:-1] + (batch.sink_array(),)
-  out, lse = jitted(batch.tokens_per_seq, num_kv_splits, return_lse, fill)(*args)
+  out, lse = jitted(batch.tokens_per_seq, num_kv_splits, return_lse, fill, merge)(*args)
   return np.asarray(out.astype(jnp.float32)), None if lse is None else np.asarray(lse)
 
 
@@ -47,14 +49,58 @@ def check_against_oracle(batch, out, lse):
     assert_close("lse", lse, want_lse, atol=1e-4, rtol=1e-5, cos_tol=None)
 
 
+@pytest.mark.parametrize("merge", [True, False], ids=["executor_merge", "xla_merge"])
 @pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 8, 16, None], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("gqa,msq", SUPPORTED, ids=lambda v: str(v))
-def test_every_shape_and_split_count(gqa, msq, num_kv_splits):
+def test_every_shape_and_split_count(gqa, msq, num_kv_splits, merge):
   rng = np.random.default_rng(gqa * 100 + msq * 10 + (num_kv_splits or 0))
   batch = make_batch(rng, num_heads=gqa, lengths=LENGTHS, tokens_per_seq=msq, pool_rows=200,
                      sink=rng.standard_normal(gqa).astype(np.float32))
-  out, lse = run(batch, num_kv_splits)
+  out, lse = run(batch, num_kv_splits, merge=merge)
   check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 16])
+@pytest.mark.parametrize("gqa,msq", [(16, 4), (128, 1)], ids=lambda v: str(v))
+def test_executor_merge_agrees_with_the_xla_merge(gqa, msq, num_kv_splits):
+  """Sinks at -inf, +inf and finite values, empty and one-entry sequences, and a NaN in a used
+  row: the executor's merge has the XLA merge's NaN and infinity pattern, then its values (from
+  the same partials: only the exp/log and the summation's rounding differ)."""
+  rng = np.random.default_rng(7 * gqa + num_kv_splits)
+  sink = rng.standard_normal(gqa).astype(np.float32)
+  sink[:3] = [-np.inf, np.inf, 30.0]
+  batch = make_batch(rng, num_heads=gqa, lengths=LENGTHS + [300], tokens_per_seq=msq,
+                     pool_rows=1000, sink=sink, index_pattern="unique")
+  batch.kv = batch.kv.copy()
+  batch.kv[batch.kv_indices[batch.kv_indptr[4] + 100], 7] = 0x7F  # e4m3 NaN: sequence 4 only
+  got_out, got_lse = run(batch, num_kv_splits, merge=True)
+  want_out, want_lse = run(batch, max(num_kv_splits, 2), merge=False)  # XLA needs 2 for an LSE
+  nan_tokens = np.zeros(got_out.shape[0], bool)
+  nan_tokens[4 * msq:5 * msq] = True
+  assert np.isnan(want_out[nan_tokens]).all() and np.isnan(want_lse[nan_tokens]).all()
+  assert np.isfinite(want_out[~nan_tokens]).all()
+  # Non-finite patterns first (NaN, +-inf alike), then the values: a bf16 ulp of the largest.
+  scale = max(1.0, float(np.abs(want_out[~nan_tokens]).max()))
+  assert_close("out", got_out, want_out, atol=scale * 2.0**-7, rtol=2.0**-8, cos_tol=1e-5)
+  assert_close("lse", got_lse, want_lse, atol=1e-4 * 32, rtol=1e-5, cos_tol=None)
+  # The +inf sink: out 0, lse +inf; an empty sequence: out 0, lse = sink.
+  assert (got_out[~nan_tokens, 1] == 0).all() and (got_lse[~nan_tokens, 1] == np.inf).all()
+  assert (got_out[:msq] == 0).all()
+  np.testing.assert_array_equal(got_lse[:msq], np.broadcast_to(sink, (msq, gqa)))
+
+
+def test_executor_merge_refuses_a_grid_that_leaves_rows():
+  """The executor merges only what its tasks wrote: a qo_indptr whose rows no task owns is
+  refused, not merged from unwritten partials."""
+  rng = np.random.default_rng(3)
+  batch = make_batch(rng, num_heads=16, lengths=[3, 4], pool_rows=16)
+  seq = np.arange(3, dtype=np.int32)
+  f = jax.jit(lambda *a: split_kernel.split_decode_p.bind(
+      *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True,
+      merge_in_executor=True))
+  args = list(batch.args()[:-1]) + [batch.sink_array(), np.array([0, 1, 1], np.int32), seq * 2]
+  with pytest.raises(jax.errors.JaxRuntimeError, match="merging needs a grid that runs every"):
+    jax.block_until_ready(f(*args))
 
 
 @pytest.mark.parametrize("pattern", ["random", "unique", "reversed", "same", "last"])
@@ -110,7 +156,7 @@ def kernel_results(batch, num_kv_splits, fill=True):
     return split_kernel.split_decode_p.bind(
         q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq * batch.tokens_per_seq,
         seq * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=batch.tokens_per_seq,
-        backend="host", fill_unwritten_nan=fill)
+        backend="host", fill_unwritten_nan=fill, merge_in_executor=False)
   return [np.asarray(r) for r in f(*batch.args()[:-1], batch.sink_array())]
 
 
@@ -213,7 +259,8 @@ def test_handler_rechecks_operands(operand, bad, match):
   operands = list(batch.args()[:-1]) + [batch.sink_array(), seq, seq * 2]
   operands[operand] = batch.q.view(np.int8) if bad is None else bad
   f = jax.jit(lambda *a: split_kernel.split_decode_p.bind(
-      *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True))
+      *a, num_kv_splits=2, tokens_per_seq=1, backend="host", fill_unwritten_nan=True,
+      merge_in_executor=False))
   with pytest.raises(jax.errors.JaxRuntimeError, match=match):
     jax.block_until_ready(f(*operands))
 

@@ -93,13 +93,15 @@ def test_rocm_hlo_says_typed_ffi():
   assert re.search(r"backend_config=\{num_kv_splits = 2 : i32, tokens_per_seq = 1 : i32\}", line)
 
 
+@pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("fill", [True, False])
-def test_cpu_lowering_adds_the_fill_attribute(fill):
+def test_cpu_lowering_adds_the_host_attributes(fill, merge):
   fn = functools.partial(split_decode, tokens_per_seq=1, num_kv_splits=3, backend="host",
-                         fill_unwritten_nan=fill)
+                         fill_unwritten_nan=fill, merge_in_executor=merge)
   (call,) = custom_calls(export_text(fn, specs(2, 32), platform="cpu"))
   assert call["target"] == TARGET
-  assert call["config"] == {"fill_unwritten_nan": str(fill).lower(), "num_kv_splits": "3 : i32",
+  assert call["config"] == {"fill_unwritten_nan": str(fill).lower(),
+                            "merge_in_executor": str(merge).lower(), "num_kv_splits": "3 : i32",
                             "tokens_per_seq": "1 : i32"}
 
 
@@ -161,16 +163,28 @@ def test_the_cpp_plan_serves_the_manifests_layouts():
     (2.0, True, TypeError, "num_kv_splits must be an int"),
     ("2", True, TypeError, "num_kv_splits must be an int"),
     (True, True, TypeError, "num_kv_splits must be an int"),
-    (1, True, ValueError, "num_kv_splits=1 with return_lse=True.*return_lse=False"),
 ])
+@pytest.mark.parametrize("backend", ["host", "gfx950"])
 def test_bad_split_arguments_raise_before_any_launch(num_kv_splits, return_lse, error, match,
-                                                     monkeypatch):
+                                                     backend, monkeypatch):
   monkeypatch.setattr(split_kernel.split_decode_p, "bind",
                       lambda *a, **k: pytest.fail("bound the primitive"))
   args = [np.zeros(s.shape, s.dtype) for s in specs(2, 16)]
   with pytest.raises(error, match=match):
-    split_decode(*args, tokens_per_seq=1, num_kv_splits=num_kv_splits, backend="host",
+    split_decode(*args, tokens_per_seq=1, num_kv_splits=num_kv_splits, backend=backend,
                  return_lse=return_lse)
+
+
+@pytest.mark.parametrize("backend,merge", [("gfx950", None), ("host", False)])
+def test_one_split_with_lse_needs_the_executor_merge(backend, merge, monkeypatch):
+  """The nm kernel writes no LSE at one split: refused where XLA merges (gfx950, and the host
+  with merge_in_executor=False); the host's executor merge writes one (test_split_host.py)."""
+  monkeypatch.setattr(split_kernel.split_decode_p, "bind",
+                      lambda *a, **k: pytest.fail("bound the primitive"))
+  args = [np.zeros(s.shape, s.dtype) for s in specs(2, 16)]
+  with pytest.raises(ValueError, match="num_kv_splits=1 with return_lse=True.*return_lse=False"):
+    split_decode(*args, tokens_per_seq=1, num_kv_splits=1, backend=backend, return_lse=True,
+                 merge_in_executor=merge)
 
 
 def test_bad_backend_and_fill_options():
@@ -180,6 +194,9 @@ def test_bad_backend_and_fill_options():
   with pytest.raises(ValueError, match="fill_unwritten_nan=True is only available"):
     split_decode(*args, tokens_per_seq=1, num_kv_splits=2, backend="gfx950",
                  fill_unwritten_nan=True)
+  with pytest.raises(ValueError, match="merge_in_executor=True is only available"):
+    split_decode(*args, tokens_per_seq=1, num_kv_splits=2, backend="gfx950",
+                 merge_in_executor=True)
 
 
 def test_auto_split_count_is_at_least_two_with_lse():

@@ -2,7 +2,9 @@
 // Operands: q u8 [T,H,512], q_rope bf16 [T,H,64], kv u8 [R,512], kv_rope bf16 [R,64],
 // kv_indptr s32 [B+1], kv_indices s32 [L], sink f32 [H], qo_indptr s32 [B+1],
 // split_indptr s32 [B+1]. Results: S == 1: out bf16 [T,H,512]; S > 1: partials f32 [T,S,H,512],
-// partial_lse f32 [T,S,H], valid_split_count s32 [B].
+// partial_lse f32 [T,S,H], valid_split_count s32 [B]. The cpu handler with merge_in_executor
+// first has the merged out bf16 [T,H,512] and lse f32 [T,H], then (S > 1) the kernel's three
+// (with S == 1 the merged out is the kernel's out).
 #include "split/ffi_handlers.h"
 
 #include <algorithm>
@@ -33,8 +35,10 @@ struct Operands {
 };
 
 // Checks every operand and result, and fills the problem (addresses, sizes) and the bounds.
+// merge: the cpu handler's merged results come first (*merge gets their addresses).
 Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int32_t num_kv_splits,
-                    std::int32_t tokens_per_seq, SplitProblem* problem, SplitHostBounds* bounds) {
+                    std::int32_t tokens_per_seq, SplitHostMerge* merge, SplitProblem* problem,
+                    SplitHostBounds* bounds) {
   const auto q_dims = in.q.dimensions();
   if (q_dims.size() != 3) {
     return Status::InvalidArgument("jax_mla_split_decode_v1: q must be [T, H, 512], got " +
@@ -63,28 +67,48 @@ Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int
                                    " tokens, expected num_seqs * tokens_per_seq = " +
                                    std::to_string(B) + " * " + std::to_string(tokens_per_seq));
   }
-  const std::size_t want_rets = S == 1 ? 1 : 3;
-  if (rets.size() != want_rets) {
+  struct Result {
+    const char* name;
+    ffi::DataType type;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<Result> want;
+  if (merge != nullptr) {
+    want.push_back({"merged out", ffi::BF16, {T, H, 512}});
+    want.push_back({"merged lse", ffi::F32, {T, H}});
+  }
+  if (S == 1 && merge == nullptr) want.push_back({"out", ffi::BF16, {T, H, 512}});
+  if (S > 1) {
+    want.push_back({"partials", ffi::F32, {T, S, H, 512}});
+    want.push_back({"partial_lse", ffi::F32, {T, S, H}});
+    want.push_back({"valid_split_count", ffi::S32, {B}});
+  }
+  if (rets.size() != want.size()) {
     return Status::InvalidArgument("jax_mla_split_decode_v1: " + std::to_string(rets.size()) +
                                    " results for num_kv_splits = " + std::to_string(S) +
-                                   ", expected " + std::to_string(want_rets));
+                                   (merge ? " merged in the executor" : "") + ", expected " +
+                                   std::to_string(want.size()));
   }
-  std::uint64_t results[3] = {0, 0, 0};
-  const char* names[3] = {S == 1 ? "out (result 0)" : "partials (result 0)",
-                          "partial_lse (result 1)", "valid_split_count (result 2)"};
-  const ffi::DataType types[3] = {S == 1 ? ffi::BF16 : ffi::F32, ffi::F32, ffi::S32};
-  const std::vector<std::int64_t> shapes[3] = {
-      S == 1 ? std::vector<std::int64_t>{T, H, 512} : std::vector<std::int64_t>{T, S, H, 512},
-      {T, S, H}, {B}};
-  for (std::size_t i = 0; i < want_rets; ++i) {
+  std::vector<std::uint64_t> addresses;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::string name = std::string(want[i].name) + " (result " + std::to_string(i) + ")";
     auto ret = rets.get<ffi::AnyBuffer>(i);
     if (!ret.has_value()) {
-      return Status::InvalidArgument(std::string("jax_mla_split_decode_v1: cannot decode ") +
-                                     names[i] + ": " + ret.error().message());
+      return Status::InvalidArgument("jax_mla_split_decode_v1: cannot decode " + name + ": " +
+                                     ret.error().message());
     }
-    JAX_MLA_RETURN_IF_ERROR(CheckOperand(**ret, kWho, names[i], types[i], shapes[i]));
-    results[i] = OperandAddress(**ret);
+    JAX_MLA_RETURN_IF_ERROR(CheckOperand(**ret, kWho, name.c_str(), want[i].type, want[i].shape));
+    addresses.push_back(OperandAddress(**ret));
   }
+  // The kernel's results: after the merged ones; with S == 1 and merging, the merged out.
+  std::uint64_t results[3] = {0, 0, 0};
+  if (merge != nullptr) {
+    merge->out = reinterpret_cast<std::uint16_t*>(static_cast<std::uintptr_t>(addresses[0]));
+    merge->lse = reinterpret_cast<float*>(static_cast<std::uintptr_t>(addresses[1]));
+    if (S == 1) results[0] = addresses[0];
+  }
+  const std::size_t first = merge != nullptr ? 2 : 0;
+  for (std::size_t i = first; i < addresses.size(); ++i) results[i - first] = addresses[i];
 
   SplitProblem p;
   p.out = results[0];
@@ -111,11 +135,12 @@ Status BuildProblem(const Operands& in, const ffi::RemainingRets& rets, std::int
 // Checks the buffers and plans the launch; *empty when the batch has no sequences (the handler
 // then launches nothing).
 Status PlanFromBuffers(const Operands& in, const ffi::RemainingRets& rets,
-                       std::int32_t num_kv_splits, std::int32_t tokens_per_seq, LaunchPlan* plan,
-                       SplitHostBounds* bounds, bool* empty) {
+                       std::int32_t num_kv_splits, std::int32_t tokens_per_seq,
+                       SplitHostMerge* merge, LaunchPlan* plan, SplitHostBounds* bounds,
+                       bool* empty) {
   SplitProblem problem;
   JAX_MLA_RETURN_IF_ERROR(
-      BuildProblem(in, rets, num_kv_splits, tokens_per_seq, &problem, bounds));
+      BuildProblem(in, rets, num_kv_splits, tokens_per_seq, merge, &problem, bounds));
   *empty = problem.num_seqs == 0;
   return *empty ? Status::Ok() : PlanSplit(problem, plan);
 }
@@ -125,16 +150,18 @@ ffi::Error SplitDecodeCpu(ffi::AnyBuffer q, ffi::AnyBuffer q_rope, ffi::AnyBuffe
                           ffi::AnyBuffer kv_indices, ffi::AnyBuffer sink,
                           ffi::AnyBuffer qo_indptr, ffi::AnyBuffer split_indptr,
                           ffi::RemainingRets rets, std::int32_t num_kv_splits,
-                          std::int32_t tokens_per_seq, bool fill_unwritten_nan) {
+                          std::int32_t tokens_per_seq, bool fill_unwritten_nan,
+                          bool merge_in_executor) {
   try {
     const Operands in{q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr, split_indptr};
     LaunchPlan plan;
     SplitHostBounds bounds;
-    bool empty = false;
-    const Status s =
-        PlanFromBuffers(in, rets, num_kv_splits, tokens_per_seq, &plan, &bounds, &empty);
-    if (!s.ok() || empty) return ToFfiError(s);
     SplitHostOptions options;
+    bool empty = false;
+    const Status s = PlanFromBuffers(in, rets, num_kv_splits, tokens_per_seq,
+                                     merge_in_executor ? &options.merge : nullptr, &plan, &bounds,
+                                     &empty);
+    if (!s.ok() || empty) return ToFfiError(s);
     options.fill_unwritten_nan = fill_unwritten_nan;
     return ToFfiError(ExecuteSplitOnHost(plan, bounds, options));
   } catch (const std::exception& e) {  // e.g. std::thread or bad_alloc: never cross the boundary
@@ -162,8 +189,8 @@ ffi::Error SplitDecodeRocmExecute(hipStream_t stream, std::int32_t device, ffi::
     LaunchPlan plan;
     SplitHostBounds bounds;
     bool empty = false;
-    const Status s =
-        PlanFromBuffers(in, rets, num_kv_splits, tokens_per_seq, &plan, &bounds, &empty);
+    const Status s = PlanFromBuffers(in, rets, num_kv_splits, tokens_per_seq, nullptr, &plan,
+                                     &bounds, &empty);
     if (!s.ok() || empty) return ToFfiError(s);
     return ToFfiError(LaunchOnHip(plan, stream, device));
   } catch (const std::exception& e) {
@@ -194,7 +221,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeCpu, jax_mla::SplitDecodeCpu,
                               jax_mla::BindBuffers(ffi::Ffi::Bind())
                                   .Attr<std::int32_t>("num_kv_splits")
                                   .Attr<std::int32_t>("tokens_per_seq")
-                                  .Attr<bool>("fill_unwritten_nan"));
+                                  .Attr<bool>("fill_unwritten_nan")
+                                  .Attr<bool>("merge_in_executor"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeRocmInitialize, jax_mla::SplitDecodeRocmInitialize,
                               ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>(),

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -171,6 +173,21 @@ Status Validate(const SplitArgs& a, const SplitHostBounds& bounds, const LaunchP
   return Status::Ok();
 }
 
+bool CoversEveryRow(const SplitArgs& a, const SplitHostBounds& bounds);
+
+// Merging needs every row owned by a task and every split run, into outputs that are there.
+Status ValidateMerge(const SplitArgs& a, const SplitHostBounds& bounds,
+                     const SplitHostMerge& merge) {
+  if (merge.lse == nullptr) return Invalid("the merged lse output is null");
+  if (a.bf16_direct && merge.out != a.out) {
+    return Invalid("with one split the merged out must be the kernel's out (slot 0)");
+  }
+  if (a.grid.z != a.num_splits || !CoversEveryRow(a, bounds)) {
+    return Invalid("merging needs a grid that runs every split of every row of every sequence");
+  }
+  return Status::Ok();
+}
+
 void FillUnwritten(const SplitArgs& a, const SplitHostBounds& bounds) {
   const std::int64_t rows = bounds.q_tokens * bounds.num_heads;
   if (a.bf16_direct) {
@@ -218,8 +235,9 @@ void FillTaskUnwritten(const SplitArgs& a, std::int64_t b, std::int64_t split, b
 
 // The block's row `row` is over the scores s_n of this split: acc = sum w_n v_n, weight_sum =
 // sum w_n (the weights PV used), row_sum = sum exp(s_n - row_max).
-void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, std::int64_t split,
-                    const float* acc, float row_max, float row_sum, float weight_sum) {
+void WriteOutputRow(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t token,
+                    std::int64_t head, std::int64_t split, const float* acc, float row_max,
+                    float row_sum, float weight_sum) {
   const float sink = a.sink[head];
   const std::int64_t heads = a.gqa;
   if (a.bf16_direct) {  // final output: the sink joins the denominator only
@@ -231,6 +249,9 @@ void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, s
       factor = kept / ((kept + std::exp(sink - m)) * weight_sum);  // the entries' share
     }
     for (int d = 0; d < kHeadDim; ++d) out[d] = host::FloatToBf16(acc[d] * factor);
+    if (merge.enabled()) {
+      merge.lse[token * heads + head] = LogAddExp(row_max + std::log(row_sum), sink);
+    }
     return;
   }
   float lse = row_max + std::log(row_sum);
@@ -246,40 +267,104 @@ void WriteOutputRow(const SplitArgs& a, std::int64_t token, std::int64_t head, s
   a.partial_lse[slot] = lse;
 }
 
+// The merged outputs of sequence b's rows when it has no entries: out 0, lse = sink.
+void WriteEmptyRows(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t b) {
+  const std::int64_t heads = a.gqa;
+  for (std::int64_t t = a.qo_indptr[b]; t < a.qo_indptr[b + 1]; ++t) {
+    std::fill_n(merge.out + t * heads * kHeadDim, heads * kHeadDim, std::uint16_t{0});
+    std::copy_n(a.sink, heads, merge.lse + t * heads);
+  }
+}
+
+// Sequence b's KV entries, its tiles and the tiles of each split (the split rule in the header).
+struct Tiling {
+  std::int64_t kv_len, tiles, tiles_per_split;
+};
+
+Tiling TilingOf(const SplitArgs& a, std::int64_t b) {
+  const std::int64_t kv_len = a.kv_indptr[b + 1] - a.kv_indptr[b];
+  const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
+  return {kv_len, tiles, (tiles + a.num_splits - 1) / a.num_splits};
+}
+
+// The number of non-empty splits of sequence b: its first ones.
+std::int64_t ValidSplits(const SplitArgs& a, std::int64_t b) {
+  const Tiling t = TilingOf(a, b);
+  return t.tiles == 0 ? 0 : (t.tiles + t.tiles_per_split - 1) / t.tiles_per_split;
+}
+
+// Sequence b's splits merged into the final outputs (the contract in host_executor.h), once all
+// of them are written.
+void MergeSequence(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t b) {
+  const std::int64_t valid = ValidSplits(a, b);
+  if (valid == 0) return WriteEmptyRows(a, merge, b);
+  const std::int64_t heads = a.gqa, splits = a.num_splits;
+  const float* partials = static_cast<const float*>(a.out);
+  std::vector<float> weights(static_cast<std::size_t>(valid));
+  float acc[kHeadDim];
+  for (std::int64_t t = a.qo_indptr[b]; t < a.qo_indptr[b + 1]; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      std::uint16_t* out = merge.out + (t * heads + h) * kHeadDim;
+      float* lse = merge.lse + t * heads + h;
+      const auto slot = [&](std::int64_t s) { return (t * splits + s) * heads + h; };
+      float m = -kInf;
+      bool nan = false;
+      for (std::int64_t s = 0; s < valid; ++s) {
+        const float x = a.partial_lse[slot(s)];
+        nan = nan || std::isnan(x);
+        m = std::max(m, x);
+      }
+      if (nan) {  // as in XLA: the max is NaN, and so is every weight
+        std::fill_n(out, kHeadDim, host::kBf16QuietNan);
+        *lse = kNan;
+        continue;
+      }
+      float den = 0.0f;
+      for (std::int64_t s = 0; s < valid; ++s) {
+        const float x = a.partial_lse[slot(s)];
+        weights[s] = x == m ? 1.0f : std::exp(x - m);
+        den += weights[s];
+      }
+      std::fill_n(acc, kHeadDim, 0.0f);
+      for (std::int64_t s = 0; s < valid; ++s) {
+        const float* o = partials + slot(s) * kHeadDim;
+        for (int d = 0; d < kHeadDim; ++d) acc[d] += weights[s] * o[d];
+      }
+      for (int d = 0; d < kHeadDim; ++d) out[d] = host::FloatToBf16(acc[d] / den);
+      *lse = m + std::log(den);
+    }
+  }
+}
+
 // The KV entries [lo, hi) of split `split` of sequence b (the split rule above).
 struct SplitRange {
   std::int64_t lo = 0, hi = 0;
 };
 
 SplitRange RangeOf(const SplitArgs& a, std::int64_t b, std::int64_t split) {
-  const std::int64_t kv_len = a.kv_indptr[b + 1] - a.kv_indptr[b];
-  const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
-  const std::int64_t tiles_per_split = (tiles + a.num_splits - 1) / a.num_splits;
+  const Tiling t = TilingOf(a, b);
   SplitRange r;
-  r.lo = std::min(kv_len, split * tiles_per_split * kSplitKvTile);
-  r.hi = std::min(kv_len, (split + 1) * tiles_per_split * kSplitKvTile);
+  r.lo = std::min(t.kv_len, split * t.tiles_per_split * kSplitKvTile);
+  r.hi = std::min(t.kv_len, (split + 1) * t.tiles_per_split * kSplitKvTile);
   return r;
 }
 
 // Workgroups (x, b, split) for every x at once: the row groups of a (sequence, split) read the
 // same KV entries, so on the host they run as one block of up to 128 rows and dequantize each KV
 // row once. A row's result does not depend on which rows share its block.
-void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_unwritten,
-             std::uint64_t call_id, host::QueryBlock& block) {
+void RunTask(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t b, std::int64_t split,
+             bool fill_unwritten, std::uint64_t call_id, host::QueryBlock& block) {
   const std::int64_t heads = a.gqa;
   const std::int64_t token0 = a.qo_indptr[b];
   const std::int64_t seq_rows = heads * (a.qo_indptr[b + 1] - token0);
   const std::int64_t kv_begin = a.kv_indptr[b];
-  const std::int64_t kv_len = a.kv_indptr[b + 1] - kv_begin;
   if (a.write_valid_count && split == 0) {
-    const std::int64_t tiles = (kv_len + kSplitKvTile - 1) / kSplitKvTile;
-    const std::int64_t tiles_per_split = (tiles + a.num_splits - 1) / a.num_splits;
-    a.valid_split_count[b] =
-        static_cast<std::int32_t>(tiles == 0 ? 0 : (tiles + tiles_per_split - 1) / tiles_per_split);
+    a.valid_split_count[b] = static_cast<std::int32_t>(ValidSplits(a, b));
   }
   const SplitRange range = RangeOf(a, b, split);
   const bool writes = seq_rows > 0 && range.lo < range.hi;
   if (fill_unwritten && !writes) FillTaskUnwritten(a, b, split, true);
+  if (!writes && a.bf16_direct && merge.enabled()) WriteEmptyRows(a, merge, b);
   if (!writes) return;  // an empty split writes nothing
   const std::int64_t sub_q = std::min<std::int64_t>(kSplitMaxSubQ, seq_rows);
   const std::int64_t rows = std::min(seq_rows, std::int64_t{a.grid.x} * sub_q);
@@ -294,8 +379,8 @@ void RunTask(const SplitArgs& a, std::int64_t b, std::int64_t split, bool fill_u
     host::AttendKvRows(kv, ids, range.hi - range.lo, a.scale, block);
     for (int r = 0; r < num_rows; ++r) {
       const std::int64_t local = row0 + r;
-      WriteOutputRow(a, token0 + local / heads, local % heads, split, block.Acc(r), block.max[r],
-                     block.sum[r], block.weight_sum[r]);
+      WriteOutputRow(a, merge, token0 + local / heads, local % heads, split, block.Acc(r),
+                     block.max[r], block.sum[r], block.weight_sum[r]);
     }
   }
 }
@@ -307,6 +392,8 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
   if (plan.kernel != KernelId::kSplitNm) return Invalid("the plan is not for the nm kernel");
   const SplitArgs args = Decode(plan);
   JAX_MLA_RETURN_IF_ERROR(Validate(args, bounds, plan));
+  const SplitHostMerge& merge = options.merge;
+  if (merge.enabled()) JAX_MLA_RETURN_IF_ERROR(ValidateMerge(args, bounds, merge));
   // Unwritten slots are filled by the task that leaves them, unless the grid leaves rows that no
   // task owns: then the whole outputs first.
   const bool fill_per_task = options.fill_unwritten_nan && CoversEveryRow(args, bounds);
@@ -326,10 +413,19 @@ Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,
   std::sort(order.begin(), order.end());
   const std::uint64_t call_id = host::NewCallId();
   const unsigned max_threads = options.num_threads > 0 ? options.num_threads : 0;
+  // Per sequence, its splits written so far: the task that writes the last one merges.
+  const bool merge_splits = merge.enabled() && !args.bf16_direct;
+  std::unique_ptr<std::atomic<std::int32_t>[]> splits_done;
+  if (merge_splits) splits_done.reset(new std::atomic<std::int32_t>[gy]());
   const bool done = host::RunWorkgroups<host::QueryBlock>(
       gy * gz, max_threads, [&](std::int64_t id, host::QueryBlock& block) {
         const std::int64_t task = order[static_cast<std::size_t>(id)].second;
-        RunTask(args, task / gz, task % gz, fill_per_task, call_id, block);
+        const std::int64_t b = task / gz;
+        RunTask(args, merge, b, task % gz, fill_per_task, call_id, block);
+        // acq_rel: the merging thread sees every split's partials.
+        if (merge_splits && splits_done[b].fetch_add(1, std::memory_order_acq_rel) + 1 == gz) {
+          MergeSequence(args, merge, b);
+        }
       }, /*both_ends=*/true);
   if (!done) {
     return Status::Internal(

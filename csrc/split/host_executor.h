@@ -18,6 +18,16 @@
 // and natural-log partial LSE [T, S, H]; the sink is folded into split 0 exactly once
 // (lse0' = logaddexp(lse0, sink), o0' = o0 * exp(lse0 - lse0')), as KERNELS.md infers the kernel
 // does, so one merge serves both backends. A +inf sink gives o0' = 0, lse0' = +inf.
+//
+// Merging in the executor (SplitHostOptions::merge, the host backend's own ending: on gfx950 the
+// merge runs in XLA). The task that finishes a sequence's last split merges that sequence's
+// splits right away, on its thread, while the partials are in cache, and writes the final bf16
+// out [T, H, 512] and natural-log lse [T, H] (the sink included) with the XLA merge's contract
+// (aiter/split.py): over the sequence's non-empty splits, m = max lse, w = exp(lse - m) (1 where
+// lse == m, so a +inf sink gives out 0, lse +inf), out = sum w o / sum w, lse = m + log(sum w);
+// a NaN lse makes the row's out and lse NaN; a sequence without entries gets out 0, lse = sink.
+// With S == 1 the kernel's bf16 out is the final out and the executor adds the lse (and those
+// zero rows). No pass over the batch after the tasks, and no second wake of the threads.
 #ifndef JAX_MLA_SPLIT_HOST_EXECUTOR_H_
 #define JAX_MLA_SPLIT_HOST_EXECUTOR_H_
 
@@ -39,11 +49,20 @@ struct SplitHostBounds {
   std::int64_t kv_indices = 0;     // L: entries of kv_page_indices
 };
 
+// Where the executor writes the merged results (both set) or nothing (both null: the kernel's
+// own outputs only, for XLA's merge, as on gfx950).
+struct SplitHostMerge {
+  std::uint16_t* out = nullptr;  // bf16 [T, H, 512]; with S == 1 it is the kernel's out (slot 0)
+  float* lse = nullptr;          // f32 [T, H]
+  bool enabled() const { return out != nullptr; }
+};
+
 struct SplitHostOptions {
   // First fill every output the kernel may leave unwritten (the whole out / partials / partial
   // LSE) with NaN, so tests prove that nothing unwritten reaches a result.
   bool fill_unwritten_nan = false;
   int num_threads = 0;  // 0: one per CPU this process may use (host::HostThreads())
+  SplitHostMerge merge;
 };
 
 Status ExecuteSplitOnHost(const LaunchPlan& plan, const SplitHostBounds& bounds,

@@ -42,8 +42,8 @@ def decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink=None, *,
     backend: "auto", "gfx950", "host", "pallas" or "reference" (see the README's backend
       table; "auto" picks "pallas" on GPUs without verified gfx950 code objects).
     return_lse: whether to return the LSE. The gfx950 split kernel at one split writes bf16
-      directly and no LSE, so with `return_lse=True` the gfx950 and host backends run at least
-      2 splits (the pallas kernels write the LSE at any split count).
+      directly and no LSE, so with `return_lse=True` the gfx950 backend runs at least 2 splits
+      (the host, pallas and reference backends give the LSE at any split count).
     check_indices: check on the device, before the launch, that each kv_indptr is
       non-decreasing, starts at 0, ends <= len(kv_indices) and that every used index is in
       [0, R); violations report through `jax.experimental.checkify` (eagerly they raise; under
@@ -106,7 +106,7 @@ def _run(entry, q, q_rope, given, sink, *, tokens_per_seq, num_kv_splits, return
     return call(given[0], sink, return_lse=return_lse)
   if "extra" in native:
     return call(given[0], sink, return_lse=return_lse, extra=given[1])
-  if num_kv_splits == 1:
+  if num_kv_splits == 1 and not entry.lse_at_one_split:
     raise ValueError(
         f"num_kv_splits=1 with extra=: backend={entry.name!r} runs one decode per source and "
         "merges them by their lse, which its kernel writes from 2 splits on; pass None or >= 2")

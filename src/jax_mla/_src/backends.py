@@ -58,6 +58,9 @@ class Backend:
   decode: Callable
   decode_persistent: Callable
   native: frozenset = frozenset()
+  # Whether decode returns an LSE at num_kv_splits=1 (the nm kernel writes none; the host
+  # executor, which merges its own splits, does).
+  lse_at_one_split: bool = True
 
   def __post_init__(self):
     unknown = set(self.native) - NATIVE_FEATURES
@@ -74,7 +77,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.aiter.backend", "decode", backend="gfx950"),
             decode_persistent=_entry("jax_mla._src.aiter.backend", "decode_persistent",
-                                     backend="gfx950")),
+                                     backend="gfx950"),
+            lse_at_one_split=False),
     Backend("host", available=_aiter("host_available"), decode_layouts=_aiter("split_layouts"),
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.aiter.backend", "decode", backend="host"),

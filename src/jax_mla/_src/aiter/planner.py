@@ -25,7 +25,7 @@ split count at its tile count: more splits than 32-token tiles would leave split
 The host backend plans for the CPU it runs on instead (`host_num_kv_splits`): its executor runs
 one task per (sequence, split) with all of a sequence's heads, on one thread per CPU the process
 may use, so the count only has to give the threads enough tasks to share; every further split
-costs a pass over f32 partials `[T, S, H, 512]` in the merge, which on XLA:CPU is the slow part.
+costs f32 partials `[T, S, H, 512]` written and merged.
 """
 
 from __future__ import annotations
@@ -135,19 +135,18 @@ def num_kv_splits(num_seqs: int, num_heads: int, *, kv_len_hint: int | None = No
                        min(max_splits, coeffs.max_splits))
 
 
-def host_num_kv_splits(num_seqs: int, num_heads: int, *, return_lse: bool = True,
-                       kv_len_hint: int | None = None, threads: int | None = None) -> int:
+def host_num_kv_splits(num_seqs: int, num_heads: int, *, kv_len_hint: int | None = None,
+                       threads: int | None = None) -> int:
   """The host backend's KV split count: enough (sequence, split) tasks for the CPU's threads.
 
-  `HOST_TASKS_PER_THREAD * threads` tasks at least, no more splits than that needs, and never
-  fewer than the merge requires (2 with `return_lse`: one split writes no LSE); a `kv_len_hint`
-  keeps each split at `HOST_MIN_SPLIT_ENTRIES` entries or more. num_heads does not matter: a
-  task holds every head of its sequence.
+  `HOST_TASKS_PER_THREAD * threads` tasks at least and no more splits than that needs (one from
+  as many sequences as threads: the executor merges its own splits and writes the LSE at any
+  count); a `kv_len_hint` keeps each split at `HOST_MIN_SPLIT_ENTRIES` entries or more.
+  num_heads does not matter: a task holds every head of its sequence.
 
   Args:
     num_seqs: sequences in the batch (>= 1).
     num_heads: query heads (>= 1).
-    return_lse: whether the caller needs the LSE (then at least 2 splits).
     kv_len_hint: optional KV length to plan for.
     threads: the CPU threads to plan for; default `host_threads()`.
 
@@ -156,8 +155,7 @@ def host_num_kv_splits(num_seqs: int, num_heads: int, *, return_lse: bool = True
   """
   _check_batch(num_seqs, num_heads, kv_len_hint)
   threads = host_threads() if threads is None else _check_int("threads", threads, 1)
-  least = 2 if return_lse else 1
   splits = math.ceil(HOST_TASKS_PER_THREAD * threads / num_seqs)
   if kv_len_hint is not None:
     splits = min(splits, math.ceil(kv_len_hint / HOST_MIN_SPLIT_ENTRIES))
-  return max(least, min(MAX_SPLITS, splits))
+  return max(1, min(MAX_SPLITS, splits))

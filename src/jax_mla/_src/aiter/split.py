@@ -1,9 +1,17 @@
 """The split-plus-merge decode path: the nm kernel (XLA FFI custom call) and the merge.
 
 Data path: `split_decode` -> primitive `jax_mla_split_decode` (static num_kv_splits,
-tokens_per_seq, backend, fill_unwritten_nan) -> lowering per platform to the FFI target
-`jax_mla_split_decode_v1` (rocm: the gfx950 code object through HIP; cpu: the host executor that
-runs the same 336 kernarg bytes) -> primitive `jax_mla_merge_splits` (pure jnp on every platform).
+tokens_per_seq, backend, fill_unwritten_nan, merge_in_executor) -> lowering per platform to the
+FFI target `jax_mla_split_decode_v1` (rocm: the gfx950 code object through HIP; cpu: the host
+executor that runs the same 336 kernarg bytes) -> primitive `jax_mla_merge_splits` (pure jnp).
+
+The host backend merges in its executor instead (`merge_in_executor`, the default there): each
+sequence's splits are merged by the thread that finishes its last one, with this module's merge
+contract, and the call returns (out, lse) with empty rows already filled, at any split count
+(one split included: the executor then adds the LSE the kernel does not write). On 2 cores the
+XLA merge after the executor was 10-40% of a call at small batches (its passes over the partials,
+and waking XLA's threads again); `merge_in_executor=False` keeps the gfx950 path's merge, which
+the host tests run too.
 
 The sink is folded into split 0 by the kernel (inferred for the real kernel, KERNELS.md section 3;
 the host executor does the same), so the merge adds no sink term except for a sequence without
@@ -30,15 +38,19 @@ TARGET = "jax_mla_split_decode_v1"
 PADDED_HEADS = {8: 16}
 # --- the one shape function -------------------------------------------------------------------
 
-def split_result_shapes(num_tokens: int, num_heads: int, num_seqs: int, num_kv_splits: int):
+def split_result_shapes(num_tokens: int, num_heads: int, num_seqs: int, num_kv_splits: int,
+                        merge_in_executor: bool = False):
   """The kernel's results as ShapeDtypeStructs: [out] when S == 1, else
-  [partials, partial_lse, valid_split_count]."""
+  [partials, partial_lse, valid_split_count]; merged in the executor, [out, lse] first and the
+  kernel's own after them when S > 1 (with S == 1 the kernel's out is the merged out)."""
   t, h, s = num_tokens, num_heads, num_kv_splits
+  out = jax.ShapeDtypeStruct((t, h, layout.HEAD_DIM), jnp.bfloat16)
+  merged = [out, jax.ShapeDtypeStruct((t, h), jnp.float32)] if merge_in_executor else []
   if s == 1:
-    return [jax.ShapeDtypeStruct((t, h, layout.HEAD_DIM), jnp.bfloat16)]
-  return [jax.ShapeDtypeStruct((t, s, h, layout.HEAD_DIM), jnp.float32),
-          jax.ShapeDtypeStruct((t, s, h), jnp.float32),
-          jax.ShapeDtypeStruct((num_seqs,), jnp.int32)]
+    return merged or [out]
+  return merged + [jax.ShapeDtypeStruct((t, s, h, layout.HEAD_DIM), jnp.float32),
+                   jax.ShapeDtypeStruct((t, s, h), jnp.float32),
+                   jax.ShapeDtypeStruct((num_seqs,), jnp.int32)]
 
 
 # --- primitive: the nm kernel -------------------------------------------------------------------
@@ -51,10 +63,11 @@ split_decode_p.def_impl(functools.partial(xla.apply_primitive, split_decode_p))
 @split_decode_p.def_abstract_eval
 def _split_decode_abstract_eval(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr,
                                 split_indptr, *, num_kv_splits, tokens_per_seq, backend,
-                                fill_unwritten_nan):
+                                fill_unwritten_nan, merge_in_executor):
   del q_rope, kv, kv_rope, kv_indices, sink, qo_indptr, split_indptr, tokens_per_seq, backend
   del fill_unwritten_nan
-  shapes = split_result_shapes(q.shape[0], q.shape[1], kv_indptr.shape[0] - 1, num_kv_splits)
+  shapes = split_result_shapes(q.shape[0], q.shape[1], kv_indptr.shape[0] - 1, num_kv_splits,
+                               merge_in_executor)
   return [jax.core.ShapedArray(s.shape, s.dtype) for s in shapes]
 
 
@@ -68,7 +81,8 @@ def _rocm_backend_present() -> bool:
     return False
 
 
-def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan,
+                merge_in_executor):
   guards.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "gfx950":
     raise ValueError(f"backend={backend!r} cannot run on rocm: the rocm lowering of "
@@ -76,6 +90,9 @@ def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unw
   if fill_unwritten_nan:
     raise ValueError("fill_unwritten_nan is a host-backend test option; the gfx950 kernel "
                      "cannot fill what it does not write")
+  if merge_in_executor:
+    raise ValueError("merge_in_executor is the host executor's; the gfx950 kernel's splits "
+                     "are merged in XLA")
   # The ROCM handler must be registered before XLA compiles the call; exporting for rocm from a
   # machine without ROCm needs neither the extension nor a registration.
   if _rocm_backend_present():
@@ -84,7 +101,8 @@ def _lower_rocm(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unw
                    tokens_per_seq=np.int32(tokens_per_seq))
 
 
-def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan):
+def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwritten_nan,
+               merge_in_executor):
   guards.check_lowering_not_replicated(ctx, "decode")  # plain jit over many devices
   if backend != "host":
     raise ValueError(f"backend={backend!r} needs a ROCm gfx950 device; this computation is "
@@ -92,7 +110,8 @@ def _lower_cpu(ctx, *operands, num_kv_splits, tokens_per_seq, backend, fill_unwr
   ext.ensure_registered()  # the cpu target must exist before XLA compiles the call
   return _ffi_rule(ctx, *operands, num_kv_splits=np.int32(num_kv_splits),
                    tokens_per_seq=np.int32(tokens_per_seq),
-                   fill_unwritten_nan=np.bool_(fill_unwritten_nan))
+                   fill_unwritten_nan=np.bool_(fill_unwritten_nan),
+                   merge_in_executor=np.bool_(merge_in_executor))
 
 
 def _lower_other(ctx, *operands, backend, **params):
@@ -167,7 +186,7 @@ def merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink, *, t
 # --- the function the public API calls -----------------------------------------------------------
 
 def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return_lse,
-                  fill_unwritten_nan):
+                  fill_unwritten_nan, merge_in_executor):
   if isinstance(tokens_per_seq, bool) or not isinstance(tokens_per_seq, int):
     raise TypeError(f"tokens_per_seq must be an int, got {tokens_per_seq!r}")
   if num_kv_splits is not None:
@@ -175,7 +194,7 @@ def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return
       raise TypeError(f"num_kv_splits must be an int or None, got {num_kv_splits!r}")
     if num_kv_splits < 1:
       raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
-    if num_kv_splits == 1 and return_lse:
+    if num_kv_splits == 1 and return_lse and not merge_in_executor:
       raise ValueError(
           "num_kv_splits=1 with return_lse=True: with one split the nm kernel writes the bf16 "
           "output directly and no LSE (whether it also writes one is undocumented, KERNELS.md "
@@ -184,18 +203,22 @@ def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return
     raise ValueError(f"split_decode backend must be 'gfx950' or 'host', got {backend!r}")
   if fill_unwritten_nan and backend != "host":
     raise ValueError("fill_unwritten_nan=True is only available with backend='host'")
+  if merge_in_executor and backend != "host":
+    raise ValueError("merge_in_executor=True is only available with backend='host'")
 
 
 def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_per_seq: int,
                  num_kv_splits: int | None, backend: str, return_lse: bool = True,
-                 fill_unwritten_nan: bool | None = None, kv_len_hint: int | None = None):
+                 fill_unwritten_nan: bool | None = None, kv_len_hint: int | None = None,
+                 merge_in_executor: bool | None = None):
   """Decode through the nm kernel (backend 'gfx950') or its host executor (backend 'host').
 
   Arguments as `jax_mla.decode`, already validated there; sink is f32 [H] (-inf: no sink).
   num_kv_splits None picks with `planner.num_kv_splits` for gfx950 (at least 2 when return_lse)
   and `planner.host_num_kv_splits` for the host (the CPU's threads); kv_len_hint is passed to it.
   fill_unwritten_nan (host only, default True there) fills what the kernel does not write with
-  NaN first, so a result never depends on it.
+  NaN first, so a result never depends on it. merge_in_executor (host only, default True there)
+  merges in the executor; False runs the gfx950 path's merge in XLA.
 
   Returns:
     (out bf16 [T, H, 512], lse f32 [T, H] with the sink included, or None).
@@ -207,8 +230,10 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   kernel_heads = PADDED_HEADS.get(num_heads, num_heads)
   if fill_unwritten_nan is None:
     fill_unwritten_nan = backend == "host"
+  if merge_in_executor is None:
+    merge_in_executor = backend == "host"
   _check_static(kernel_heads, tokens_per_seq, num_kv_splits, backend, return_lse,
-                fill_unwritten_nan)
+                fill_unwritten_nan, merge_in_executor)
   if num_tokens != num_seqs * tokens_per_seq:
     raise ValueError(f"q has {num_tokens} tokens; expected num_seqs * tokens_per_seq = "
                      f"{num_seqs} * {tokens_per_seq}")
@@ -216,12 +241,11 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
     out = jnp.zeros((0, num_heads, layout.HEAD_DIM), jnp.bfloat16)
     return out, (jnp.zeros((0, num_heads), jnp.float32) if return_lse else None)
   if num_kv_splits is None and backend == "host":  # the CPU's plan, not the MI355X's
-    num_kv_splits = planner.host_num_kv_splits(num_seqs, kernel_heads, return_lse=return_lse,
-                                               kv_len_hint=kv_len_hint)
-  elif num_kv_splits is None:
+    num_kv_splits = planner.host_num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
+  if num_kv_splits is None:
     num_kv_splits = planner.num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
-    if return_lse:
-      num_kv_splits = max(2, num_kv_splits)
+  if return_lse and not merge_in_executor:  # one split would write no LSE
+    num_kv_splits = max(2, num_kv_splits)
   num_kv_splits = int(num_kv_splits)
 
   sink = jnp.asarray(sink, jnp.float32)
@@ -234,8 +258,11 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
   results = split_decode_p.bind(
       q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq_ids * tokens_per_seq,
       seq_ids * num_kv_splits, num_kv_splits=num_kv_splits, tokens_per_seq=int(tokens_per_seq),
-      backend=backend, fill_unwritten_nan=bool(fill_unwritten_nan))
-  if num_kv_splits == 1:
+      backend=backend, fill_unwritten_nan=bool(fill_unwritten_nan),
+      merge_in_executor=bool(merge_in_executor))
+  if merge_in_executor:
+    out, lse = results[:2]
+  elif num_kv_splits == 1:
     out, lse = empty_rows.fix(results[0], None, kv_indptr, sink, tokens_per_seq=tokens_per_seq,
                               method=empty_rows.METHODS[backend])
   else:

@@ -82,11 +82,9 @@ def _check_arange_operand(x, dim, name):
 
 # --- the split kernel ----------------------------------------------------------------------------
 
-def split_decode_rule(prim, args, dims, *, num_kv_splits, tokens_per_seq, backend,
-                      fill_unwritten_nan):
+def split_decode_rule(prim, args, dims, **params):
   """Batching rule of jax_mla_split_decode (bound with `prim`)."""
-  params = dict(num_kv_splits=num_kv_splits, tokens_per_seq=tokens_per_seq, backend=backend,
-                fill_unwritten_nan=fill_unwritten_nan)
+  num_kv_splits, tokens_per_seq = params["num_kv_splits"], params["tokens_per_seq"]
   q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr, split_indptr = args
   size = _axis_size(args, dims)
   _check_arange_operand(qo_indptr, dims[7], "qo_indptr")

@@ -61,7 +61,8 @@ def _host_plan(batch: int, heads: int) -> str:
   kernels = ("AVX512-BF16" if bf16 and os.environ.get("JAX_MLA_HOST_KERNELS") != "fp32"
              else "fp32")
   splits = planner.host_num_kv_splits(batch, split.PADDED_HEADS.get(heads, heads))
-  return (f"{splits} KV splits x {batch} sequences on {planner.host_threads()} threads, "
+  return (f"{splits} KV split{'s' * (splits != 1)} x {batch} sequences on "
+          f"{planner.host_threads()} threads, "
           f"{kernels} kernels")
 
 
