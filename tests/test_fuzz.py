@@ -1,7 +1,7 @@
 """Generated cases (hypothesis) against the float64 oracle, on every path that runs on the CPU.
 
-Over 1,000 cases per run (`test_generated_case_count` holds the total: 1,150 are drawn and
-counted), spread over the paths:
+Over 1,000 cases per run (1,150: `QUOTAS`, each path's test checks that its own quota ran),
+spread over the paths:
 the reference, the host split path at planned and forced split counts with its default and its
 fp32 kernels, the host persistent path at several partition counts, and the Pallas Triton kernel
 in interpret mode. A case is a ragged batch with random lengths (empty and one-entry sequences
@@ -267,10 +267,30 @@ kinds = st.sampled_from(sorted(INPUT_KINDS))
 
 # --- the paths ---------------------------------------------------------------------------------
 
-@examples(240)
-@given(draws(LAYOUTS + ODD_LAYOUTS), kinds, st.booleans())
-def test_reference(d, kind, return_lse):
-  run_decode("reference", d, kind, backend="reference", return_lse=return_lse)
+# Cases per path, per run at scale 1. Each path's test checks that its own quota ran (a count
+# per test, so it holds in whichever pytest-xdist worker runs the test).
+QUOTAS = {"reference": 240, "host": 360, "host_fp32": 170, "host_persistent": 220,
+          "pallas_interpret": 160}
+
+
+def run_quota(name, cases):
+  """Runs `cases` (a @given function of no fixtures) and checks it ran the path's quota."""
+  before = CASES[name]
+  cases()
+  ran, want = CASES[name] - before, max(1, round(QUOTAS[name] * FUZZ_SCALE))
+  assert ran >= want, f"{name}: {ran} generated cases ran, fewer than its quota of {want}"
+
+
+def test_quotas_add_up_to_the_minimum():
+  assert sum(QUOTAS.values()) >= MIN_CASES
+
+
+def test_reference():
+  @examples(QUOTAS["reference"])
+  @given(draws(LAYOUTS + ODD_LAYOUTS), kinds, st.booleans())
+  def cases(d, kind, return_lse):
+    run_decode("reference", d, kind, backend="reference", return_lse=return_lse)
+  run_quota("reference", cases)
 
 
 def host_split_case(name, d, kind, splits):
@@ -283,22 +303,27 @@ def host_split_case(name, d, kind, splits):
 
 
 @needs_host
-@examples(360)
-@given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
-       st.sampled_from([None, None, 2, 3, 16, "one split", "one split, no lse"]))
-def test_host_split(d, kind, splits):
+def test_host_split():
   """The host split path with its default kernels (AVX512-BF16 where the CPU has them)."""
-  host_split_case("host", d, kind, splits)
+  @examples(QUOTAS["host"])
+  @given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
+         st.sampled_from([None, None, 2, 3, 16, "one split", "one split, no lse"]))
+  def cases(d, kind, splits):
+    host_split_case("host", d, kind, splits)
+  run_quota("host", cases)
 
 
 @needs_host
-@examples(170)
-@given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
-       st.sampled_from([None, 3, "one split", "one split, no lse"]))
-def test_host_split_fp32_kernels(monkeypatch_env, d, kind, splits):
+def test_host_split_fp32_kernels(monkeypatch_env):
   """The same path with the fp32 kernels, which CPUs without AVX512-BF16 run."""
   monkeypatch_env("JAX_MLA_HOST_KERNELS", "fp32")
-  host_split_case("host_fp32", d, kind, splits)
+
+  @examples(QUOTAS["host_fp32"])
+  @given(draws(LAYOUTS, buckets=tuple(BUCKETS)), kinds,
+         st.sampled_from([None, 3, "one split", "one split, no lse"]))
+  def cases(d, kind, splits):
+    host_split_case("host_fp32", d, kind, splits)
+  run_quota("host_fp32", cases)
 
 
 # One workspace per partition count, reused by every case: a call that left its arrival counters
@@ -308,23 +333,25 @@ PERSISTENT_PARTITIONS = [1, 3, 16, 128]
 
 
 @needs_host
-@examples(220)
-@given(draws([(128, 1)], buckets=tuple(BUCKETS)), st.sampled_from(PERSISTENT_KINDS),
-       st.sampled_from(PERSISTENT_PARTITIONS),
-       st.booleans(), st.sampled_from(["default", "fp32"]))
-def test_host_persistent(monkeypatch_env, d, kind, num_partitions, return_lse, kernels):
-  monkeypatch_env("JAX_MLA_HOST_KERNELS", kernels)
-  inputs = INPUT_KINDS[kind](d)
-  max_rows = max(b[0] for b in BUCKETS.values())
-  ws = _WORKSPACES.get(num_partitions)
-  if ws is None:
-    ws = jax_mla.make_workspace(num_partitions, max_rows, allow_any_partitions=True)
-  out, lse, ws = jitted("persistent", backend="host", return_lse=return_lse, **inputs.options)(
-      inputs.args, inputs.kwargs, ws)
-  _WORKSPACES[num_partitions] = ws
-  assert not np.asarray(ws.cnt).any(), "arrival counters not back at zero"
-  check(out, lse, *expected(inputs, d.sink))
-  CASES["host_persistent"] += 1
+def test_host_persistent(monkeypatch_env):
+  @examples(QUOTAS["host_persistent"])
+  @given(draws([(128, 1)], buckets=tuple(BUCKETS)), st.sampled_from(PERSISTENT_KINDS),
+         st.sampled_from(PERSISTENT_PARTITIONS),
+         st.booleans(), st.sampled_from(["default", "fp32"]))
+  def cases(d, kind, num_partitions, return_lse, kernels):
+    monkeypatch_env("JAX_MLA_HOST_KERNELS", kernels)
+    inputs = INPUT_KINDS[kind](d)
+    max_rows = max(b[0] for b in BUCKETS.values())
+    ws = _WORKSPACES.get(num_partitions)
+    if ws is None:
+      ws = jax_mla.make_workspace(num_partitions, max_rows, allow_any_partitions=True)
+    out, lse, ws = jitted("persistent", backend="host", return_lse=return_lse,
+                          **inputs.options)(inputs.args, inputs.kwargs, ws)
+    _WORKSPACES[num_partitions] = ws
+    assert not np.asarray(ws.cnt).any(), "arrival counters not back at zero"
+    check(out, lse, *expected(inputs, d.sink))
+    CASES["host_persistent"] += 1
+  run_quota("host_persistent", cases)
 
 
 @pytest.fixture
@@ -335,17 +362,11 @@ def pallas_interpret(monkeypatch):
   monkeypatch.setattr(pallas_backend, "_interpret", lambda: True)
 
 
-@examples(160)
-@given(draws(LAYOUTS), kinds, st.booleans())
-def test_pallas_triton_interpret(pallas_interpret, d, kind, return_lse):
-  run_decode("pallas_interpret", d, kind, backend="pallas", return_lse=return_lse)
+def test_pallas_triton_interpret(pallas_interpret):
+  del pallas_interpret  # in effect for the test
 
-
-def test_generated_case_count():
-  """The run above generated at least MIN_CASES cases (when every fuzz test ran)."""
-  ran = {"reference", "host", "host_fp32", "host_persistent", "pallas_interpret"}
-  if not ran <= set(CASES):
-    pytest.skip(f"not every fuzz test ran in this session (ran: {dict(CASES)})")
-  total = sum(CASES.values())
-  print(f"generated cases: {total} ({dict(CASES)})")
-  assert total >= MIN_CASES * FUZZ_SCALE, dict(CASES)
+  @examples(QUOTAS["pallas_interpret"])
+  @given(draws(LAYOUTS), kinds, st.booleans())
+  def cases(d, kind, return_lse):
+    run_decode("pallas_interpret", d, kind, backend="pallas", return_lse=return_lse)
+  run_quota("pallas_interpret", cases)
