@@ -19,8 +19,10 @@ over the row's:
   host-fp32       the same with the fp32 kernels (JAX_MLA_HOST_KERNELS=fp32): what a CPU without
                   AVX512-BF16 runs
   host-persistent decode_persistent on the host backend, make_workspace() defaults (P = 128)
-  host-kernel     the host executor alone (the split primitive at the host plan, no merge): what
-                  the merge of the split path (XLA, pure jnp) costs is host minus this
+  host-kernel     the host executor alone (the split primitive at the host plan, merging its
+                  splits itself): what the XLA around it costs is host minus this
+  host-xla-merge  the host executor ending as the gfx950 path does: its partials merged in XLA
+                  (merge_in_executor=False; at least 2 splits for the LSE)
   xla-dot-f32     only the arithmetic, by XLA: QK and PV as jnp.einsum over K already gathered
                   and dequantized to f32 [B, K, 512] (no gather, no dequantization, no merge):
                   what XLA's own dot does with the inner products. Shapes up to 2^17 entries.
@@ -56,7 +58,7 @@ from timing.host_clock import interleaved
 
 HEADS = 128
 POOL = 65536
-IMPLS = ("reference", "host", "host-fp32", "host-persistent", "host-kernel",
+IMPLS = ("reference", "host", "host-fp32", "host-persistent", "host-kernel", "host-xla-merge",
          "xla-dot-f32", "xla-dot-bf16")
 XLA_DOT_MAX_ENTRIES = 1 << 17  # [B, K, 512] f32 beyond this is over 256 MiB
 SCALE = 1.0 / np.sqrt(512.0)
@@ -115,14 +117,15 @@ def xla_dot(queries, keys):
 
 
 def host_kernel(*args):
-  """The split primitive at the host plan: the executor's raw results (S > 1)."""
+  """The split primitive at the host plan, merged in the executor: its results."""
   q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink = args
   num_seqs = kv_indptr.shape[0] - 1
   splits = planner.host_num_kv_splits(num_seqs, q.shape[1])
   seq = jnp.arange(num_seqs + 1, dtype=jnp.int32)
   return split.split_decode_p.bind(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, seq,
                                    seq * splits, num_kv_splits=splits, tokens_per_seq=1,
-                                   backend="host", fill_unwritten_nan=True)
+                                   backend="host", fill_unwritten_nan=True,
+                                   merge_in_executor=True)
 
 
 def make_calls(args, lengths, impls):
@@ -157,6 +160,9 @@ def make_calls(args, lengths, impls):
       calls[impl] = (persistent_call, mem.temp_size_in_bytes / 2**20)
     elif impl == "host-kernel":
       add(impl, host_kernel, *args)
+    elif impl == "host-xla-merge":
+      add(impl, lambda *a: split.split_decode(*a, tokens_per_seq=1, num_kv_splits=None,
+                                              backend="host", merge_in_executor=False), *args)
     elif impl in ("xla-dot-f32", "xla-dot-bf16"):
       if not uniform or len(lengths) * int(lengths[0]) > XLA_DOT_MAX_ENTRIES:
         continue
@@ -196,6 +202,8 @@ def measure(label, args, lengths, impls, rounds, min_seconds=0.0):
       row["host_scratch_mib"] = threads * QUERY_BLOCK_MIB
       if name != "host-persistent":
         row["num_kv_splits"] = planner.host_num_kv_splits(len(lengths), HEADS)
+        if name == "host-xla-merge":  # one split writes no LSE for XLA's merge
+          row["num_kv_splits"] = max(2, row["num_kv_splits"])
     rows.append(row)
     ratio = f", {row['ratio']:.2f}x the reference" if ref and name != "reference" else ""
     print(f"{label:>12} B={len(lengths):<3} K={int(lengths.max()):<5} {name:>16}: "
