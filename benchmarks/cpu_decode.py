@@ -2,15 +2,17 @@
 
 Usage: python benchmarks/cpu_decode.py [--batch 1 2 4 8 16 32 64] [--len 512 2048 8192]
                                        [--rounds 5] [--min-seconds 3] [--impls ...]
-                                       [--out PATH_STEM]
+                                       [--evict-mib 64] [--out PATH_STEM]
        python benchmarks/cpu_decode.py --table RESULTS.json   (the README's table)
 
 Shapes: 128 heads, one token per sequence; every batch x KV length with all sequences that long
 (random pool rows of a 65,536-row pool), plus the demo's own batch (`jax-mla demo` defaults: 8
 sequences, ragged lengths up to 512 with an empty one, a sink). Implementations, each one jitted
 function timed on the host clock, all of a shape interleaved round by round
-(`timing.host_clock.interleaved`) so that other work on the machine spreads over all of them;
-the median over rounds (at least --rounds, more until a shape's rounds take --min-seconds,
+(`timing.host_clock.interleaved`) so that other work on the machine spreads over all of them,
+each call after 64 MiB written (--evict-mib) so that every implementation starts with nothing
+cached (without it, the one timed right after another that read the same pool rows found them
+cached: 0.1-0.3 ms of a 2 ms call); the median over rounds (at least --rounds, more until a shape's rounds take --min-seconds,
 up to 60) is reported with its min and max, and `ratio` is the reference's median
 over the row's:
 
@@ -54,7 +56,7 @@ import numpy as np
 import jax_mla
 from jax_mla._src.aiter import planner, split
 from jax_mla._src.cli.demo import synthetic_batch
-from timing.host_clock import interleaved
+from timing.host_clock import CacheEvictor, interleaved
 
 HEADS = 128
 POOL = 65536
@@ -182,11 +184,11 @@ def rounds_for(calls, rounds, min_seconds, max_rounds=60):
   return max(rounds, min(max_rounds, int(np.ceil(min_seconds / max(per_round, 1e-6)))))
 
 
-def measure(label, args, lengths, impls, rounds, min_seconds=0.0):
+def measure(label, args, lengths, impls, rounds, min_seconds=0.0, evict=None):
   calls = make_calls(args, lengths, impls)
   plain = {name: c for name, (c, _) in calls.items()}
   rounds = rounds_for(plain, rounds, min_seconds)
-  times = interleaved(plain, rounds, warmup=0)
+  times = interleaved(plain, rounds, warmup=0, before_each=evict)
   flops = 2.0 * HEADS * float(lengths.sum()) * 1024
   ref = float(np.median(times["reference"])) if "reference" in times else None
   threads = planner.host_threads()
@@ -281,20 +283,24 @@ def main(argv=None):
   p.add_argument("--no-demo", action="store_true", help="skip the demo's shape")
   p.add_argument("--out", metavar="STEM", help="write STEM.json and STEM.csv")
   p.add_argument("--table", metavar="JSON", help="print the README's table of a results file")
+  p.add_argument("--evict-mib", type=int, default=64,
+                 help="MiB written before every timed call, so that each starts with nothing "
+                      "cached (0: off; default 64)")
   a = p.parse_args(argv)
   if a.table:
     print(table(a.table))
     return None
   load_before = os.getloadavg()
+  evict = CacheEvictor(a.evict_mib) if a.evict_mib > 0 else None
   rows = []
   if not a.no_demo:
     args, lengths = synthetic_batch(batch=8, heads=HEADS, max_len=512, tokens_per_seq=1,
                                     pool_rows=4096, seed=0)
-    rows += measure("demo", args, lengths, a.impls, a.rounds, a.min_seconds)
+    rows += measure("demo", args, lengths, a.impls, a.rounds, a.min_seconds, evict)
   for kv_len in a.len:
     for batch in a.batch:
       args, lengths = uniform_batch(batch, kv_len)
-      rows += measure("uniform", args, lengths, a.impls, a.rounds, a.min_seconds)
+      rows += measure("uniform", args, lengths, a.impls, a.rounds, a.min_seconds, evict)
   machine = cpu_meta()
   meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           # "CPU ..." is how notebooks/performance.md tells CPU files from GPU ones.
@@ -304,6 +310,7 @@ def main(argv=None):
           "jax": jax.__version__, "python": platform.python_version(),
           "benchmark": "benchmarks/cpu_decode.py " + " ".join(argv if argv is not None
                                                               else sys.argv[1:]),
+          "evict_mib": a.evict_mib,
           "load_average_before": [round(x, 2) for x in load_before],
           "load_average_after": [round(x, 2) for x in os.getloadavg()],
           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
