@@ -244,6 +244,29 @@ def test_both_empty_row_fixups_agree():
   assert np.isfinite(scatter).all() and np.all(scatter[0:4] == 0) and np.all(scatter[8:12] == 0)
 
 
+def test_a_call_written_before_the_merge_attribute_still_runs():
+  """A custom call lowered before merge_in_executor existed (a serialized jax.export, say)
+  carries three attributes and expects the kernel's own results: it still gets them."""
+  from jax_mla._src import ext  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(41)
+  batch = make_batch(rng, num_heads=16, lengths=[40, 0, 100], pool_rows=128, sink=0.25)
+  ext.ensure_registered()
+  num_tokens, num_seqs = batch.q.shape[0], len(batch.kv_indptr) - 1
+  call = jax.ffi.ffi_call(split_kernel.TARGET, split_kernel.split_result_shapes(
+      num_tokens, 16, num_seqs, 2))
+  seq = np.arange(num_seqs + 1, dtype=np.int32)
+  old = jax.jit(lambda *a: call(*a, num_kv_splits=np.int32(2), tokens_per_seq=np.int32(1),
+                                fill_unwritten_nan=np.bool_(True)))(
+      *batch.args()[:-1], batch.sink_array(), seq, seq * 2)
+  for got, want in zip(old, kernel_results(batch, 2)):
+    np.testing.assert_array_equal(np.asarray(got), want)
+  # The three it always had stay required.
+  with pytest.raises(jax.errors.JaxRuntimeError, match=r"\(cpu\): attribute: .*fill_unwritten"):
+    jax.block_until_ready(jax.jit(lambda *a: call(
+        *a, num_kv_splits=np.int32(2), tokens_per_seq=np.int32(1)))(
+            *batch.args()[:-1], batch.sink_array(), seq, seq * 2))
+
+
 @pytest.mark.parametrize("operand,bad,match", [
     (6, np.zeros(17, np.float32), r"sink \(operand 6\) has dtype f32 dims \[17\]; expected f32 "
                                   r"dims \[16\]"),

@@ -145,14 +145,49 @@ Status PlanFromBuffers(const Operands& in, const ffi::RemainingRets& rets,
   return *empty ? Status::Ok() : PlanSplit(problem, plan);
 }
 
+// The cpu handler's attributes. merge_in_executor is optional: a call lowered before it existed
+// (a serialized jax.export, say) asks for the kernel's own results, which it still gets.
+struct CpuAttrs {
+  std::int32_t num_kv_splits = 0, tokens_per_seq = 0;
+  bool fill_unwritten_nan = false, merge_in_executor = false;
+};
+
+ffi::ErrorOr<CpuAttrs> DecodeCpuAttrs(const ffi::Dictionary& attrs) {
+  CpuAttrs a;
+  auto splits = attrs.get<std::int32_t>("num_kv_splits");
+  auto tokens = attrs.get<std::int32_t>("tokens_per_seq");
+  auto fill = attrs.get<bool>("fill_unwritten_nan");
+  for (const ffi::Error* error : {splits.has_value() ? nullptr : &splits.error(),
+                                  tokens.has_value() ? nullptr : &tokens.error(),
+                                  fill.has_value() ? nullptr : &fill.error()}) {
+    if (error != nullptr) {
+      return ffi::Unexpected(ffi::Error::InvalidArgument(
+          std::string("jax_mla_split_decode_v1 (cpu): attribute: ") + error->message()));
+    }
+  }
+  a.num_kv_splits = *splits;
+  a.tokens_per_seq = *tokens;
+  a.fill_unwritten_nan = *fill;
+  if (attrs.contains("merge_in_executor")) {
+    auto merge = attrs.get<bool>("merge_in_executor");
+    if (!merge.has_value()) {
+      return ffi::Unexpected(ffi::Error::InvalidArgument(
+          std::string("jax_mla_split_decode_v1 (cpu): attribute: ") + merge.error().message()));
+    }
+    a.merge_in_executor = *merge;
+  }
+  return a;
+}
+
 ffi::Error SplitDecodeCpu(ffi::AnyBuffer q, ffi::AnyBuffer q_rope, ffi::AnyBuffer kv,
                           ffi::AnyBuffer kv_rope, ffi::AnyBuffer kv_indptr,
                           ffi::AnyBuffer kv_indices, ffi::AnyBuffer sink,
                           ffi::AnyBuffer qo_indptr, ffi::AnyBuffer split_indptr,
-                          ffi::RemainingRets rets, std::int32_t num_kv_splits,
-                          std::int32_t tokens_per_seq, bool fill_unwritten_nan,
-                          bool merge_in_executor) {
+                          ffi::RemainingRets rets, ffi::Dictionary attr_dict) {
   try {
+    const ffi::ErrorOr<CpuAttrs> attrs = DecodeCpuAttrs(attr_dict);
+    if (!attrs.has_value()) return attrs.error();
+    const auto [num_kv_splits, tokens_per_seq, fill_unwritten_nan, merge_in_executor] = *attrs;
     const Operands in{q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, qo_indptr, split_indptr};
     LaunchPlan plan;
     SplitHostBounds bounds;
@@ -219,10 +254,7 @@ auto BindBuffers(Binding binding) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeCpu, jax_mla::SplitDecodeCpu,
                               jax_mla::BindBuffers(ffi::Ffi::Bind())
-                                  .Attr<std::int32_t>("num_kv_splits")
-                                  .Attr<std::int32_t>("tokens_per_seq")
-                                  .Attr<bool>("fill_unwritten_nan")
-                                  .Attr<bool>("merge_in_executor"));
+                                  .Attrs<ffi::Dictionary>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMlaSplitDecodeRocmInitialize, jax_mla::SplitDecodeRocmInitialize,
                               ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>(),
