@@ -8,9 +8,10 @@ executor that runs the same 336 kernarg bytes) -> primitive `jax_mla_merge_split
 The host backend merges in its executor instead (`merge_in_executor`, the default there): each
 sequence's splits are merged by the thread that finishes its last one, with this module's merge
 contract, and the call returns (out, lse) with empty rows already filled, at any split count
-(one split included: the executor then adds the LSE the kernel does not write). On 2 cores the
-XLA merge after the executor was 10-40% of a call at small batches (its passes over the partials,
-and waking XLA's threads again); `merge_in_executor=False` keeps the gfx950 path's merge, which
+(one split included: the executor then adds the LSE the kernel does not write). On 2 cores,
+with its partials merged in XLA instead (two splits for the LSE, their partials written, a pass
+over them after the call), the host was 1.66-1.95x the reference at batch 1-4, K 512, against
+2.03-2.93x (benchmarks/README.md). `merge_in_executor=False` keeps the gfx950 path's merge, which
 the host tests run too.
 
 The sink is folded into split 0 by the kernel (inferred for the real kernel, KERNELS.md section 3;
