@@ -153,27 +153,20 @@ struct CpuAttrs {
 };
 
 ffi::ErrorOr<CpuAttrs> DecodeCpuAttrs(const ffi::Dictionary& attrs) {
-  CpuAttrs a;
+  const auto invalid = [](const ffi::Error& error) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        std::string("jax_mla_split_decode_v1 (cpu): attribute: ") + error.message()));
+  };
   auto splits = attrs.get<std::int32_t>("num_kv_splits");
+  if (!splits.has_value()) return invalid(splits.error());
   auto tokens = attrs.get<std::int32_t>("tokens_per_seq");
+  if (!tokens.has_value()) return invalid(tokens.error());
   auto fill = attrs.get<bool>("fill_unwritten_nan");
-  for (const ffi::Error* error : {splits.has_value() ? nullptr : &splits.error(),
-                                  tokens.has_value() ? nullptr : &tokens.error(),
-                                  fill.has_value() ? nullptr : &fill.error()}) {
-    if (error != nullptr) {
-      return ffi::Unexpected(ffi::Error::InvalidArgument(
-          std::string("jax_mla_split_decode_v1 (cpu): attribute: ") + error->message()));
-    }
-  }
-  a.num_kv_splits = *splits;
-  a.tokens_per_seq = *tokens;
-  a.fill_unwritten_nan = *fill;
+  if (!fill.has_value()) return invalid(fill.error());
+  CpuAttrs a{*splits, *tokens, *fill, false};
   if (attrs.contains("merge_in_executor")) {
     auto merge = attrs.get<bool>("merge_in_executor");
-    if (!merge.has_value()) {
-      return ffi::Unexpected(ffi::Error::InvalidArgument(
-          std::string("jax_mla_split_decode_v1 (cpu): attribute: ") + merge.error().message()));
-    }
+    if (!merge.has_value()) return invalid(merge.error());
     a.merge_in_executor = *merge;
   }
   return a;

@@ -1,8 +1,8 @@
 #include "split/host_executor.h"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
@@ -173,21 +173,6 @@ Status Validate(const SplitArgs& a, const SplitHostBounds& bounds, const LaunchP
   return Status::Ok();
 }
 
-bool CoversEveryRow(const SplitArgs& a, const SplitHostBounds& bounds);
-
-// Merging needs every row owned by a task and every split run, into outputs that are there.
-Status ValidateMerge(const SplitArgs& a, const SplitHostBounds& bounds,
-                     const SplitHostMerge& merge) {
-  if (merge.lse == nullptr) return Invalid("the merged lse output is null");
-  if (a.bf16_direct && merge.out != a.out) {
-    return Invalid("with one split the merged out must be the kernel's out (slot 0)");
-  }
-  if (a.grid.z != a.num_splits || !CoversEveryRow(a, bounds)) {
-    return Invalid("merging needs a grid that runs every split of every row of every sequence");
-  }
-  return Status::Ok();
-}
-
 void FillUnwritten(const SplitArgs& a, const SplitHostBounds& bounds) {
   const std::int64_t rows = bounds.q_tokens * bounds.num_heads;
   if (a.bf16_direct) {
@@ -214,6 +199,19 @@ bool CoversEveryRow(const SplitArgs& a, const SplitHostBounds& bounds) {
     if (rows > std::int64_t{a.grid.x} * std::min<std::int64_t>(kSplitMaxSubQ, rows)) return false;
   }
   return true;
+}
+
+// Merging needs every row owned by a task and every split run, into outputs that are there.
+Status ValidateMerge(const SplitArgs& a, const SplitHostBounds& bounds,
+                     const SplitHostMerge& merge) {
+  if (merge.lse == nullptr) return Invalid("the merged lse output is null");
+  if (a.bf16_direct && merge.out != a.out) {
+    return Invalid("with one split the merged out must be the kernel's out (slot 0)");
+  }
+  if (a.grid.z != a.num_splits || !CoversEveryRow(a, bounds)) {
+    return Invalid("merging needs a grid that runs every split of every row of every sequence");
+  }
+  return Status::Ok();
 }
 
 // NaN into the slots of (sequence b, split) that its workgroups leave unwritten: the split's
@@ -307,18 +305,10 @@ void MergeSequence(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t
       std::uint16_t* out = merge.out + (t * heads + h) * kHeadDim;
       float* lse = merge.lse + t * heads + h;
       const auto slot = [&](std::int64_t s) { return (t * splits + s) * heads + h; };
+      // A NaN lse is skipped by the max, but its weight (x == m is false) is NaN: so are den,
+      // the row's out and its lse, as in XLA.
       float m = -kInf;
-      bool nan = false;
-      for (std::int64_t s = 0; s < valid; ++s) {
-        const float x = a.partial_lse[slot(s)];
-        nan = nan || std::isnan(x);
-        m = std::max(m, x);
-      }
-      if (nan) {  // as in XLA: the max is NaN, and so is every weight
-        std::fill_n(out, kHeadDim, host::kBf16QuietNan);
-        *lse = kNan;
-        continue;
-      }
+      for (std::int64_t s = 0; s < valid; ++s) m = std::max(m, a.partial_lse[slot(s)]);
       float den = 0.0f;
       for (std::int64_t s = 0; s < valid; ++s) {
         const float x = a.partial_lse[slot(s)];
@@ -363,8 +353,10 @@ void RunTask(const SplitArgs& a, const SplitHostMerge& merge, std::int64_t b, st
   }
   const SplitRange range = RangeOf(a, b, split);
   const bool writes = seq_rows > 0 && range.lo < range.hi;
+  if (!writes && a.bf16_direct && merge.enabled()) {  // merged output of an empty sequence
+    return WriteEmptyRows(a, merge, b);
+  }
   if (fill_unwritten && !writes) FillTaskUnwritten(a, b, split, true);
-  if (!writes && a.bf16_direct && merge.enabled()) WriteEmptyRows(a, merge, b);
   if (!writes) return;  // an empty split writes nothing
   const std::int64_t sub_q = std::min<std::int64_t>(kSplitMaxSubQ, seq_rows);
   const std::int64_t rows = std::min(seq_rows, std::int64_t{a.grid.x} * sub_q);
