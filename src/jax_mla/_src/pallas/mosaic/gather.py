@@ -29,6 +29,8 @@ time of one packed pool holding the same entries (benchmarks/README.md, two sour
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from jax_mla._src import layout
 
 BLOCK_ROWS = 64
@@ -40,6 +42,12 @@ LINE = 128  # bytes of a row read by one warp-wide load (eight lanes x 16 bytes)
 ROWS_PER_LOAD = 4  # rows per warp-wide load: 32 lanes x 16 bytes / LINE
 GROUPS_IN_FLIGHT = 2  # row groups whose loads are issued before any is converted
 FP8_LINES = -(-layout.NOPE_DIM // LINE)  # 3.5 lines of fp8 per row: the last one half used
+# Words a lane loads per row group: its row's 16 scale bytes, its piece of each fp8 line, its
+# piece of the RoPE line.
+WORDS_PER_GROUP = 4 + 4 * FP8_LINES + 4
+# The pipelined producer (gather_step) carries this many row groups' loads from one block to
+# the next: 48 words per lane held across the loop, 72 live while a group is converted.
+CARRIED_GROUPS = 2
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -130,6 +138,113 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
                peer=peer)
 
   fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *(pair or ()))
+
+
+def carried_type():
+  """The loaded words the pipelined producer carries between blocks (gather_issue's and
+  gather_step's result): CARRIED_GROUPS row groups' words per lane, an int32 array laid out
+  one lane's words after another (its values mean nothing outside gather_step)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  shape = (128 * CARRIED_GROUPS * WORDS_PER_GROUP,)
+  return plgpu.ShapeDtypeStruct(shape, jnp.int32,
+                                layout=plgpu.Layout.WG_STRIDED(shape, vec_size=4))
+
+
+def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
+  """Issues the loads of a block's first CARRIED_GROUPS row groups (gather_dequantize's
+  arguments) and returns them for gather_step: the pipelined producer's prologue. rank: this
+  CTA's rank in its pair (its half of the rows), or None unpaired."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar)
+  if rank is not None:
+    arg_types += (scalar,)
+
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type())
+  def issue(ctx, kv, rope, idx, valid_count, *rank_arg):
+    del ctx
+    emit = _FillEmitter(kv, rope, None, "bf16",
+                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None)
+    count = valid_count.registers.flat[0]
+    return _pack_carried([w for g in range(CARRIED_GROUPS)
+                          for w in emit.issue(g, count, idx=idx, clamp=clamp)])
+
+  return issue(kv_ref, rope_ref, idx_ref, num_valid, *(() if rank is None else (rank,)))
+
+
+def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
+                carried, *, clamp=False, pair=None):
+  """gather_dequantize of one block with its loads issued ahead: `carried` holds the loads of
+  this block's first CARRIED_GROUPS row groups (gather_issue's, or the previous step's
+  result); this converts every group of the block into k_smem, issuing each later group's
+  loads (this block's rest, then the next block's first groups: next_idx_ref,
+  next_num_valid) one group before it is needed, and returns the next block's carried loads.
+  So a lane's loads are in flight while it converts, instead of each block waiting for its
+  own. With no next block pass next_num_valid 0 and any readable next_idx_ref (its first
+  entry is read): its loads then read pool row 0. pair: gather_dequantize's."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
+               scalar, plgpu.RefType(k_tile_transforms()), carried_type().layout)
+  if pair is not None:  # rank, ready_ref, tile
+    arg_types += (scalar, plgpu.RefType(), scalar)
+
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type())
+  def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
+           *pair_args):
+    del ctx
+    peer = None
+    if pair_args:
+      rank, ready, tile = pair_args
+      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
+    emit = _FillEmitter(kv, rope, k, "bf16", peer)
+    count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
+    words = _unpack_carried(loaded)
+    queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(CARRIED_GROUPS)]
+    for g in range(emit.groups):
+      ahead = g + CARRIED_GROUPS  # issued first, so its loads fly while group g converts
+      if ahead < emit.groups:
+        queue.append(emit.issue(ahead, count, idx=idx, clamp=clamp))
+      else:
+        queue.append(emit.issue(ahead - emit.groups, next_count, idx=next_idx, clamp=clamp))
+      emit.convert(g, count, queue.pop(0))
+    return _pack_carried([w for group in queue for w in group])
+
+  return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
+              carried, *(pair or ()))
+
+
+def _pack_carried(words):
+  """A lane's i32 words -> carried_type()'s FragmentedArray (vectors of four)."""
+  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import llvm
+  i32 = ir.IntegerType.get_signless(32)
+  vec = ir.VectorType.get((4,), i32)
+  registers = []
+  for first in range(0, len(words), 4):
+    reg = llvm.mlir_undef(vec)
+    for i, w in enumerate(words[first:first + 4]):
+      reg = llvm.insertelement(reg, w, mgpu_utils.c(i, i32))
+    registers.append(reg)
+  shape = carried_type().shape
+  return mgpu.FragmentedArray(_registers=np.array(registers, dtype=object),
+                              _layout=mgpu.WGStridedFragLayout(shape, vec_size=4),
+                              _is_signed=True)
+
+
+def _unpack_carried(array):
+  """_pack_carried's inverse: the lane's i32 words."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import llvm
+  i32 = ir.IntegerType.get_signless(32)
+  return [llvm.extractelement(reg, mgpu_utils.c(i, i32))
+          for reg in array.registers.flat for i in range(4)]
 
 
 def barrier_address(ref, index):
@@ -310,59 +425,149 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
         _store16(address, [arith.select(valid, w, zero) for w in words], window)
 
 
-def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
-               peer=None):
-  """The gather's IR: rows idx[r] (or first_row + r) for r < valid_count. peer: (this CTA's
-  rank in its pair, the shared::cta address of the peer-written tile's barrier): half the
-  rows, each stored here and in the peer (gather_dequantize's pair)."""
-  # pylint: disable=import-outside-toplevel
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
-  from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith, gpu, llvm
+class _FillEmitter:
+  """The fp8 gather's IR, in two halves per row group (lane_work): `issue` emits a group's
+  global loads and returns the loaded words (WORDS_PER_GROUP), `convert` dequantizes them and
+  stores them into the tile. The one-shot fill (_emit_fill) and the pipelined producer step
+  (gather_step: the next block's loads in flight while this one is converted) share them."""
 
-  i32 = ir.IntegerType.get_signless(32)
-  i64 = ir.IntegerType.get_signless(64)
-  f32 = ir.F32Type.get()
-  c32 = lambda v: mgpu_utils.c(v, i32)
-  zero = c32(0)
+  def __init__(self, kv, rope, k, math, peer=None):
+    """peer: (this CTA's rank in its pair, the shared::cta address of the peer-written tile's
+    barrier): half the rows, each stored here and in the peer (gather_dequantize's pair); the
+    barrier None to issue loads only. k: the tile (None to issue loads only)."""
+    # pylint: disable=import-outside-toplevel
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, gpu, llvm
+    self.mgpu_utils, self.arith, self.llvm = mgpu_utils, arith, llvm
+    self.i32 = ir.IntegerType.get_signless(32)
+    self.i64 = ir.IntegerType.get_signless(64)
+    self.f32 = ir.F32Type.get()
+    self.math = math
+    self.zero = self.c32(0)
+    self.kv = kv
+    self.kv_base = llvm.ptrtoint(self.i64, mgpu_utils.memref_ptr(kv))
+    self.rope_base = llvm.ptrtoint(self.i64, mgpu_utils.memref_ptr(rope))
+    self.k_base = None if k is None else llvm.ptrtoint(self.i32, mgpu_utils.memref_ptr(k))
+    self.window = None
+    self.rank = None
+    if peer is not None:
+      self.rank, barrier = peer
+      if barrier is not None:
+        self.window = _peer_window(self.k_base, self.rank, barrier)
+    lane_in_group = arith.remui(arith.index_cast(self.i32, gpu.thread_id(gpu.Dimension.x)),
+                                self.c32(128))
+    self.warp = arith.divui(lane_in_group, self.c32(32))
+    self.row_in_group, self.piece, self.rope_piece = (
+        x.value for x in lane_work(_Int(arith.remui(lane_in_group, self.c32(32)))))
+    self.piece_bytes = arith.extui(self.i64, arith.muli(self.piece, self.c32(CHUNK)))
+    self.rope_bytes = arith.extui(self.i64, arith.muli(self.rope_piece, self.c32(CHUNK)))
+    # Which of its line's two tiles the piece is in, and whether it holds fp8 in the last,
+    # half-used line.
+    self.second_tile = arith.divui(self.piece, self.c32(4))
+    self.in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, self.piece,
+                             self.c32(layout.NOPE_DIM % LINE // CHUNK))
+    self.groups = groups_per_warp(peer is not None)
 
-  def add(a, b):
-    return arith.addi(a, mgpu_utils.c(b, a.type) if isinstance(b, int) else b)
+  def c32(self, v):
+    return self.mgpu_utils.c(v, self.i32)
 
-  def asm(results, operands, text, constraints):
-    ty = i32 if results == 1 else llvm.StructType.get_literal([i32] * results)
+  def add(self, a, b):
+    return self.arith.addi(a, self.mgpu_utils.c(b, a.type) if isinstance(b, int) else b)
+
+  def asm(self, results, operands, text, constraints):
+    llvm = self.llvm
+    ty = self.i32 if results == 1 else llvm.StructType.get_literal([self.i32] * results)
     out = llvm.inline_asm(ty, operands, text, constraints, has_side_effects=False)
-    return [out] if results == 1 else [llvm.extractvalue(i32, out, [i]) for i in range(results)]
+    return ([out] if results == 1 else
+            [llvm.extractvalue(self.i32, out, [i]) for i in range(results)])
 
-  def load16(address):
+  def row(self, group):
+    """The block row this lane fills in row group `group`."""
+    return block_row(_Int(self.warp), group, _Int(self.row_in_group),
+                     None if self.rank is None else _Int(self.rank)).value
+
+  def issue(self, group, valid_count, *, idx=None, first_row=None, clamp=False):
+    """The loads of row group `group` of rows idx[r] (or first_row + r) for r < valid_count:
+    WORDS_PER_GROUP words (the row's scales, its fp8 lines, its RoPE piece). An invalid row's
+    index is not read (it may lie past the list): pool row 0 is read in its place."""
+    arith = self.arith
+    row = self.row(group)
+    valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
+    if idx is None:
+      entry = arith.extui(self.i64, arith.select(valid, self.add(first_row, row), self.zero))
+    else:
+      entry = _listed_entry(idx, row, valid, self.zero, self.kv if clamp else None)
+    row_address = self.add(self.kv_base, arith.muli(entry, self.mgpu_utils.c(layout.ROW_BYTES,
+                                                                              self.i64)))
+    rope_address = self.add(self.rope_base, arith.muli(
+        entry, self.mgpu_utils.c(2 * layout.ROPE_DIM, self.i64)))
+    words = self._load16(self.add(row_address, layout.SCALE_OFFSET))
+    for j in range(FP8_LINES):
+      words += self._load16(self.add(self.add(row_address, j * LINE), self.piece_bytes))
+    return words + self._load16(self.add(rope_address, self.rope_bytes))
+
+  def convert(self, group, valid_count, words):
+    """Dequantizes and stores row group `group`'s loaded words (issue's), zeros for a row at or
+    past valid_count."""
+    arith = self.arith
+    row = self.row(group)
+    valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
+    scales, data, rope_words = words[:4], words[4:4 + 4 * FP8_LINES], words[4 + 4 * FP8_LINES:]
+    for j in range(FP8_LINES):
+      # Line j holds tiles 2 j and 2 j + 1 (scale word j); the piece is dims j * LINE + 16 piece.
+      out = self._dequantize16(data[4 * j:4 * j + 4], self._tile_scale(scales, j), valid)
+      half, col = fp8_store_columns(_Int(self.piece), j)
+
+      def store(out=out, half=half, col=col.value):
+        self._store(half, row, col, out[:4])
+        self._store(half, row, self.add(col, 8), out[4:])
+      if j == FP8_LINES - 1:
+        with self.mgpu_utils.when(self.in_fp8):
+          store()
+      else:
+        store()
+    col = self.add(arith.muli(self.rope_piece, self.c32(8)), ROPE_FIRST_COL)
+    self._store(1, row, col, [arith.select(valid, x, self.zero) for x in rope_words])
+
+  def _load16(self, address):
     """Four words from global memory (non-coherent cache path: the pool is read-only here)."""
-    return asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return self.asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
+                    "=r,=r,=r,=r,l")
 
-  def store16(address, words):
-    _store16(address, words, window)
+  def _store(self, half, row, col, words):
+    address = self.add(self.k_base, k_tile_offset(_Int(self.c32(half)), _Int(row),
+                                                  _Int(col)).value)
+    _store16(address, words, self.window)
 
-  # Four e4m3 bytes ($2) -> f32 f0..f3 (exact), then times the scale ($3) and rounded to two
-  # words of bf16 pairs ($0, $1): in f32 before rounding ("f32"), or in bf16x2 after ("bf16",
-  # $3 a word of two bf16).
-  scaled = {
-      "f32": ("""
-      mul.rn.f32 f0, f0, $3;
-      mul.rn.f32 f1, f1, $3;
-      mul.rn.f32 f2, f2, $3;
-      mul.rn.f32 f3, f3, $3;
-      cvt.rn.bf16x2.f32 $0, f1, f0;
-      cvt.rn.bf16x2.f32 $1, f3, f2;""", "=r,=r,r,f"),
-      "bf16": ("""
-      cvt.rn.bf16x2.f32 c, f1, f0;
-      cvt.rn.bf16x2.f32 d, f3, f2;
-      mul.rn.bf16x2 $0, c, $3;
-      mul.rn.bf16x2 $1, d, $3;""", "=r,=r,r,r"),
-  }
+  def _tile_scale(self, scales, word):
+    """The f32 scale 2^(byte - 127) of tile 2 word + second_tile (byte 0: the subnormal
+    2^-127, 255: NaN; kernel_math's e8m0_to_f32) from the row's 16 scale bytes (four words;
+    the bytes are s0 s0 s1 s1 ..., so tile t's first copy is byte 2 t)."""
+    arith, c32 = self.arith, self.c32
+    byte = arith.andi(arith.shrui(scales[word], arith.muli(self.second_tile, c32(16))),
+                      c32(0xFF))
+    bits = arith.shli(byte, c32(23))
+    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(0x00400000), bits)
+    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(0x7FC00000),
+                        bits)
+    if self.math == "bf16":  # the top half of the f32, in both halves of a word
+      top = arith.shrui(bits, c32(16))
+      return arith.ori(top, arith.shli(top, c32(16)))
+    return arith.bitcast(self.f32, bits)
 
-  def fp8x4_to_bf16(word, scale):
-    """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (tile_scale's)."""
-    tail, constraints = scaled[math]
-    return asm(2, [word, scale], """{
+  def _dequantize16(self, words, scale, valid):
+    """One 16-byte load of fp8 (four words) -> eight words of bf16, zeros for invalid rows."""
+    if self.math == "none":
+      out = list(words) * 2
+    else:
+      out = [o for w in words for o in self._fp8x4_to_bf16(w, scale)]
+    return [self.arith.select(valid, o, self.zero) for o in out]
+
+  def _fp8x4_to_bf16(self, word, scale):
+    """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (_tile_scale's)."""
+    tail, constraints = _SCALED[self.math]
+    return self.asm(2, [word, scale], """{
       .reg .b16 lo, hi;
       .reg .b32 a, b, c, d;
       .reg .b16 a0, a1, b0, b1;
@@ -378,86 +583,38 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
       cvt.f32.f16 f3, b1;""" + tail + """
     }""", constraints)
 
-  def tile_scale(scales, word, second):
-    """The f32 scale 2^(byte - 127) of tile 2 word + second (byte 0: the subnormal 2^-127,
-    255: NaN; kernel_math's e8m0_to_f32) from the row's 16 scale bytes (four words; the bytes
-    are s0 s0 s1 s1 ..., so tile t's first copy is byte 2 t)."""
-    byte = arith.andi(arith.shrui(scales[word], arith.muli(second, c32(16))), c32(0xFF))
-    bits = arith.shli(byte, c32(23))
-    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(0x00400000), bits)
-    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(0x7FC00000),
-                        bits)
-    if math == "bf16":  # the top half of the f32, in both halves of a word
-      top = arith.shrui(bits, c32(16))
-      return arith.ori(top, arith.shli(top, c32(16)))
-    return arith.bitcast(f32, bits)
 
-  def dequantize16(words, scale, valid):
-    """One 16-byte load of fp8 (four words) -> eight words of bf16, zeros for invalid rows."""
-    if math == "none":
-      out = list(words) * 2
-    else:
-      out = [o for w in words for o in fp8x4_to_bf16(w, scale)]
-    return [arith.select(valid, o, zero) for o in out]
+# Four e4m3 bytes -> f32 f0..f3 (exact), then times the scale ($3) and rounded to two words of
+# bf16 pairs ($0, $1): in f32 before rounding ("f32"), or in bf16x2 after ("bf16", $3 a word of
+# two bf16).
+_SCALED = {
+    "f32": ("""
+      mul.rn.f32 f0, f0, $3;
+      mul.rn.f32 f1, f1, $3;
+      mul.rn.f32 f2, f2, $3;
+      mul.rn.f32 f3, f3, $3;
+      cvt.rn.bf16x2.f32 $0, f1, f0;
+      cvt.rn.bf16x2.f32 $1, f3, f2;""", "=r,=r,r,f"),
+    "bf16": ("""
+      cvt.rn.bf16x2.f32 c, f1, f0;
+      cvt.rn.bf16x2.f32 d, f3, f2;
+      mul.rn.bf16x2 $0, c, $3;
+      mul.rn.bf16x2 $1, d, $3;""", "=r,=r,r,r"),
+    "none": ("", ""),
+}
 
-  def row_addresses(row):
-    """(valid, the row's fp8 address, its RoPE address). An invalid row's index is not read (it
-    may lie past the list): row 0 of the pool is read in its place, its values made zeros."""
-    valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
-    if idx is None:
-      entry = arith.extui(i64, arith.select(valid, add(first_row, row), zero))
-    else:
-      entry = _listed_entry(idx, row, valid, zero, kv if clamp else None)
-    return (valid, add(kv_base, arith.muli(entry, mgpu_utils.c(layout.ROW_BYTES, i64))),
-            add(rope_base, arith.muli(entry, mgpu_utils.c(2 * layout.ROPE_DIM, i64))))
 
-  kv_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(kv))
-  rope_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rope))
-  k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
-  window = None
-  if peer is not None:
-    rank, barrier = peer
-    window = _peer_window(k_base, rank, barrier)
-
-  def k_address(half, row, col):
-    return add(k_base, k_tile_offset(_Int(c32(half)), _Int(row), _Int(col)).value)
-
-  lane_in_group = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c32(128))
-  warp = arith.divui(lane_in_group, c32(32))
-  row_in_group, piece, rope_piece = (x.value for x in lane_work(_Int(arith.remui(lane_in_group,
-                                                                                 c32(32)))))
-  piece_bytes = arith.extui(i64, arith.muli(piece, c32(CHUNK)))
-  rope_bytes = arith.extui(i64, arith.muli(rope_piece, c32(CHUNK)))
-  second_tile = arith.divui(piece, c32(4))  # which of its line's two tiles the piece is in
-  in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, piece,
-                      c32(layout.NOPE_DIM % LINE // CHUNK))  # of the last, half-used line
-
-  groups = groups_per_warp(peer is not None)
-  for first in range(0, groups, GROUPS_IN_FLIGHT):
-    loaded = []
-    for g in range(first, first + GROUPS_IN_FLIGHT):  # every load of these groups first
-      row = block_row(_Int(warp), g, _Int(row_in_group),
-                      None if peer is None else _Int(rank)).value
-      valid, row_address, rope_address = row_addresses(row)
-      scales = load16(add(row_address, layout.SCALE_OFFSET))
-      data = [load16(add(add(row_address, j * LINE), piece_bytes)) for j in range(FP8_LINES)]
-      loaded.append((row, valid, scales, data, load16(add(rope_address, rope_bytes))))
-    for row, valid, scales, data, rope_words in loaded:
-      for j, words in enumerate(data):
-        # Line j holds tiles 2 j and 2 j + 1 (scale word j); the piece is dims j * LINE + 16 piece.
-        out = dequantize16(words, tile_scale(scales, j, second_tile), valid)
-        half, col = fp8_store_columns(_Int(piece), j)
-
-        def store(out=out, half=half, col=col.value):
-          store16(k_address(half, row, col), out[:4])
-          store16(k_address(half, row, add(col, 8)), out[4:])
-        if j == FP8_LINES - 1:
-          with mgpu_utils.when(in_fp8):
-            store()
-        else:
-          store()
-      col = add(arith.muli(rope_piece, c32(8)), ROPE_FIRST_COL)
-      store16(k_address(1, row, col), [arith.select(valid, x, zero) for x in rope_words])
+def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
+               peer=None):
+  """The one-shot gather's IR: rows idx[r] (or first_row + r) for r < valid_count, the loads of
+  GROUPS_IN_FLIGHT row groups issued before any is converted. peer: _FillEmitter's."""
+  emit = _FillEmitter(kv, rope, k, math, peer)
+  for first in range(0, emit.groups, GROUPS_IN_FLIGHT):
+    groups = range(first, first + GROUPS_IN_FLIGHT)
+    loaded = [emit.issue(g, valid_count, idx=idx, first_row=first_row, clamp=clamp)
+              for g in groups]
+    for g, words in zip(groups, loaded):
+      emit.convert(g, valid_count, words)
 
 
 def _listed_entry(idx, row, valid, zero, clamp_to=None):

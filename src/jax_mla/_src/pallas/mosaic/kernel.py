@@ -161,31 +161,59 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
   def fill(idx, kv, rope, start, length, block0, first_step, end):
     """The producer's steps first_step .. end - 1: the K tile of block block0 + step of one
-    source."""
-    # An empty split's block is all invalid rows: zeros, and no index read.
-    @pl.loop(first_step, end)
-    def _fill(step):
+    source. A packed pool's loads run a block ahead (mosaic_gather.gather_step): each step
+    converts the loads the previous one issued."""
+
+    def block(step):
+      """(the block's index list, its number of valid rows) at `step`; an empty split's block is
+      all invalid rows: zeros, and no index read."""
+      first = (block0 + step) * BLOCK_KV
+      return idx.at[pl.ds(start + first, BLOCK_KV)], jnp.clip(length - first, 0, BLOCK_KV)
+
+    def wait_free(step):
       tile = lax.rem(step, NUM_K_TILES)
 
       @pl.when(step >= NUM_K_TILES)
       def _wait_free():
         plgpu.barrier_wait(k_free.at[tile])
+      return tile, ((rank, ready, tile) if pair else None)
 
-      first = (block0 + step) * BLOCK_KV
-      num_valid = jnp.clip(length - first, 0, BLOCK_KV)
-      block_idx = idx.at[pl.ds(start + first, BLOCK_KV)]
-      pair_args = (rank, ready, tile) if pair else None
-      if rope is None:  # a float pool: its values, rounded to bf16
-        mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
-                                   pair=pair_args)
-      else:
-        mosaic_gather.gather_dequantize(kv, rope, block_idx, num_valid, k_smem.at[tile],
-                                        clamp=True, pair=pair_args)
+    def filled(tile):
       if pair:
         mosaic_pair.arrive_filled(ready, tile)
       else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
         plgpu.barrier_arrive(k_full.at[tile])
+
+    if rope is None:  # a float pool: its values, rounded to bf16
+      @pl.loop(first_step, end)
+      def _fill(step):
+        tile, pair_args = wait_free(step)
+        block_idx, num_valid = block(step)
+        mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
+                                   pair=pair_args)
+        filled(tile)
+      return
+
+    def fill_step(step, carried):
+      tile, pair_args = wait_free(step)
+      has_next = step + 1 < end
+      next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
+      carried = mosaic_gather.gather_step(
+          kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
+          k_smem.at[tile], carried, clamp=True, pair=pair_args)
+      filled(tile)
+      return carried
+
+    # With no step at all the prologue reads the list's first entry (the list holds at least
+    # a block) and pool row 0 only.
+    _, first_valid = block(first_step)
+    any_step = first_step < end
+    carried = mosaic_gather.gather_issue(
+        kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV, 0),
+                               BLOCK_KV)],
+        jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
+    lax.fori_loop(first_step, end, fill_step, carried)
 
   @pl.when(wg == 2)
   def _producer():
