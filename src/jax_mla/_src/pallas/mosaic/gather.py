@@ -1,7 +1,7 @@
 """Gathering a block of packed KV rows from global memory straight into the Mosaic kernel's
 swizzled bf16 K tile: every thread loads, dequantizes and stores its share of the rows' bytes.
 
-The producer of mosaic_direct. Pallas's loads read global memory only as slices
+The producer of the Mosaic kernel (mosaic.kernel). Pallas's loads read global memory only as slices
 shared by a whole warpgroup, so the first ("staged") design, removed on 2026-12-03, copied each
 gathered row into shared memory with a bulk copy first (40 KB per block), and that staging left
 no room for a second K tile (benchmarks/README.md). This does the gather the
@@ -22,9 +22,16 @@ kernels'); rows at or past `num_valid` are written as zeros and their index is n
 no dequantization, f32 rounded to bf16) with the RoPE line's work split for each 64 values;
 `gather_float` does the same by index for a float pool (a bf16 or f32 window cache: the
 producer's rows), paired CTAs included. Its loads in flight per thread (64 words: two row
-groups of bf16 or one of f32) are more than the fp8 gather's 48, within the producer's 128
-registers. On the H200 (2026-12-04) a decode whose window pool was bf16 took 1.006-1.098x the
+groups of bf16 or one of f32) fit the producer's registers (128 paired, 152 unpaired). On the H200 (2026-12-04) a decode whose window pool was bf16 took 1.006-1.098x the
 time of one packed pool holding the same entries (benchmarks/README.md, two sources).
+
+`gather_dequantize` fills a tile in one call (Q's tile, `gather_consecutive`, and the tile
+tests). The kernel's producer runs the same per-group loads and conversion (_FillEmitter)
+pipelined: `gather_issue` loads a split's first block's first CARRIED_GROUPS row groups, and
+each `gather_step` converts a block while issuing every later group's loads one group ahead,
+the next block's first groups included, and returns those loaded words for the next step (a
+jax array carried through the producer's loop). Before, each block waited for its own loads
+(H200, 2026-12-04: 198.2 against 202.7 us at 128 heads, B 128, K 2048).
 """
 
 from __future__ import annotations
@@ -45,9 +52,10 @@ FP8_LINES = -(-layout.NOPE_DIM // LINE)  # 3.5 lines of fp8 per row: the last on
 # Words a lane loads per row group: its row's 16 scale bytes, its piece of each fp8 line, its
 # piece of the RoPE line.
 WORDS_PER_GROUP = 4 + 4 * FP8_LINES + 4
-# The pipelined producer (gather_step) carries this many row groups' loads from one block to
-# the next: 48 words per lane held across the loop, 72 live while a group is converted.
-CARRIED_GROUPS = 2
+# Row groups whose loads the pipelined producer (gather_step) carries from one block to the
+# next, paired (two groups per warp and block) and unpaired (four): 24 words per group held
+# across the loop, one group more live while a group is converted.
+CARRIED_GROUPS = {True: 2, False: 2}
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -140,18 +148,28 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
   fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *(pair or ()))
 
 
-def carried_type():
+def carried_type(paired):
   """The loaded words the pipelined producer carries between blocks (gather_issue's and
-  gather_step's result): CARRIED_GROUPS row groups' words per lane, an int32 array laid out
-  one lane's words after another (its values mean nothing outside gather_step)."""
+  gather_step's result): CARRIED_GROUPS[paired] row groups' words per lane, an int32 array
+  laid out one lane's words after another (its values mean nothing outside gather_step)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  shape = (128 * CARRIED_GROUPS * WORDS_PER_GROUP,)
+  shape = (128 * CARRIED_GROUPS[paired] * WORDS_PER_GROUP,)
   return plgpu.ShapeDtypeStruct(shape, jnp.int32,
                                 layout=plgpu.Layout.WG_STRIDED(shape, vec_size=4))
 
 
+def step_schedule(groups, carried):
+  """gather_step's order for a block of `groups` row groups per warp with `carried` groups'
+  loads carried in: per group g, ((block offset, group) whose loads are issued, then g
+  converted): each later group's loads are issued one conversion before that group is due, in
+  this block (offset 0) or the next (1)."""
+  if not 0 < carried <= groups:
+    raise ValueError(f"carried must be 1 .. {groups} row groups, got {carried}")
+  return [(divmod(g + carried, groups), g) for g in range(groups)]
+
+
 def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
-  """Issues the loads of a block's first CARRIED_GROUPS row groups (gather_dequantize's
+  """Issues the loads of a block's first CARRIED_GROUPS[paired] row groups (gather_dequantize's
   arguments) and returns them for gather_step: the pipelined producer's prologue. rank: this
   CTA's rank in its pair (its half of the rows), or None unpaired."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
@@ -160,14 +178,16 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
   if rank is not None:
     arg_types += (scalar,)
 
-  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type())
+  paired = rank is not None
+
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def issue(ctx, kv, rope, idx, valid_count, *rank_arg):
     del ctx
     emit = _FillEmitter(kv, rope, None, "bf16",
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None)
     count = valid_count.registers.flat[0]
-    return _pack_carried([w for g in range(CARRIED_GROUPS)
-                          for w in emit.issue(g, count, idx=idx, clamp=clamp)])
+    return _pack_carried([w for g in range(CARRIED_GROUPS[paired])
+                          for w in emit.issue(g, count, idx=idx, clamp=clamp)], paired)
 
   return issue(kv_ref, rope_ref, idx_ref, num_valid, *(() if rank is None else (rank,)))
 
@@ -175,7 +195,7 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
                 carried, *, clamp=False, pair=None):
   """gather_dequantize of one block with its loads issued ahead: `carried` holds the loads of
-  this block's first CARRIED_GROUPS row groups (gather_issue's, or the previous step's
+  this block's first CARRIED_GROUPS[paired] row groups (gather_issue's, or the previous step's
   result); this converts every group of the block into k_smem, issuing each later group's
   loads (this block's rest, then the next block's first groups: next_idx_ref,
   next_num_valid) one group before it is needed, and returns the next block's carried loads.
@@ -185,11 +205,14 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
-               scalar, plgpu.RefType(k_tile_transforms()), carried_type().layout)
+               scalar, plgpu.RefType(k_tile_transforms()), carried_type(pair is not None).layout)
   if pair is not None:  # rank, ready_ref, tile
     arg_types += (scalar, plgpu.RefType(), scalar)
 
-  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type())
+  paired = pair is not None
+  carried_groups = CARRIED_GROUPS[paired]
+
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
            *pair_args):
     del ctx
@@ -200,22 +223,20 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     emit = _FillEmitter(kv, rope, k, "bf16", peer)
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
-    queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(CARRIED_GROUPS)]
-    for g in range(emit.groups):
-      ahead = g + CARRIED_GROUPS  # issued first, so its loads fly while group g converts
-      if ahead < emit.groups:
-        queue.append(emit.issue(ahead, count, idx=idx, clamp=clamp))
-      else:
-        queue.append(emit.issue(ahead - emit.groups, next_count, idx=next_idx, clamp=clamp))
+    queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
+    for (next_block, ahead), g in step_schedule(emit.groups, carried_groups):
+      # Issued first, so its loads fly while group g converts.
+      queue.append(emit.issue(ahead, next_count if next_block else count,
+                              idx=next_idx if next_block else idx, clamp=clamp))
       emit.convert(g, count, queue.pop(0))
-    return _pack_carried([w for group in queue for w in group])
+    return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
               carried, *(pair or ()))
 
 
-def _pack_carried(words):
-  """A lane's i32 words -> carried_type()'s FragmentedArray (vectors of four)."""
+def _pack_carried(words, paired):
+  """A lane's i32 words -> carried_type(paired)'s FragmentedArray (vectors of four)."""
   # pylint: disable=import-outside-toplevel
   import numpy as np
   from jax.experimental.mosaic import gpu as mgpu
@@ -230,7 +251,7 @@ def _pack_carried(words):
     for i, w in enumerate(words[first:first + 4]):
       reg = llvm.insertelement(reg, w, mgpu_utils.c(i, i32))
     registers.append(reg)
-  shape = carried_type().shape
+  shape = carried_type(paired).shape
   return mgpu.FragmentedArray(_registers=np.array(registers, dtype=object),
                               _layout=mgpu.WGStridedFragLayout(shape, vec_size=4),
                               _is_signed=True)

@@ -6,9 +6,11 @@ H200; at 128 heads, batch 64-128 it is 3.0 to 3.3 times plain XLA in GPU busy ti
 
 Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm90 kernel:
 
-- warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_dequantize`
+- warpgroup 2 (producer): for each block of 64 entries, `mosaic_gather.gather_step`
   (per-thread 16-byte loads, hardware fp8 conversion, scaled bf16 into the swizzled tile) into
-  K tile `step % 2`, then signals k_full. It refills a tile once both consumers freed it. With
+  K tile `step % 2`, then signals k_full. Its loads run a block ahead: each step converts the
+  words the previous one loaded and issues the next block's (2026-12-04, H200: 198.2 against
+  202.7 us at 128 heads, B 128, K 2048). It refills a tile once both consumers freed it. With
   paired CTAs (mosaic.pair) it gathers half of each block into both CTAs' tiles. A float pool
   (bf16 or f32 rows, float_kv) it copies instead (`mosaic_gather.gather_float`: bf16 as it is,
   f32 rounded to bf16), into the same tile with the same barriers.
@@ -45,9 +47,12 @@ from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to at most
-# mosaic_consumer.LAUNCH_REGISTERS. Warpgroup 1 holds only its half of O; the producer holds the
-# loaded words of two row groups. ptxas (H200, 2026-12-03): no spills.
-REGISTERS = {0: 216, 1: 160, 2: 128}
+# mosaic_consumer.LAUNCH_REGISTERS, paired and unpaired. Warpgroup 1 holds only its half of O;
+# the producer holds the loaded words of the row groups it carries (mosaic.gather). Unpaired
+# (64 heads, 16 x 4) the producer is the bound and gets more: H200, 2026-12-04, 104.1 against
+# 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
+# lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
+REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
 
 
 def scratch_types(pair=False):
@@ -156,8 +161,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
     # instruction.
     share = mosaic_consumer.LAUNCH_REGISTERS // 3
-    plgpu.set_max_registers(REGISTERS[role],
-                            action="increase" if REGISTERS[role] > share else "decrease")
+    count = REGISTERS[pair][role]
+    plgpu.set_max_registers(count, action="increase" if count > share else "decrease")
 
   def fill(idx, kv, rope, start, length, block0, first_step, end):
     """The producer's steps first_step .. end - 1: the K tile of block block0 + step of one
