@@ -1,0 +1,146 @@
+"""Variants of the Mosaic GPU kernel's settings, timed side by side in one run on one GPU.
+
+A variant is a name and overrides of the kernel modules' constants
+(`jax_mla._src.pallas.mosaic.{kernel,gather,consumer,decode}`), given as Python literals:
+
+  --variant "regs:kernel.REGISTERS={True: {0: 192, 1: 160, 2: 152}, False: {0: 192, 1: 160, 2: 152}}"
+  --variant "carry3:gather.CARRIED_GROUPS={True: 2, False: 3}"
+
+Each variant's decode is traced with its overrides set (they are read while the kernel is
+built) and restored after; "default" (the settings as committed) always runs. The timing is
+vs_flashmla.py's: the public `jax_mla.decode(backend="pallas")` in a jitted loop of 30 calls
+whose indices change every call, GPU busy time per call from a profiler trace, net of the loop's
+index update, the variants interleaved within each of --rounds rounds, the median. This is how
+the register splits and carried row groups in benchmarks/README.md were chosen (2026-12-04).
+
+Usage (on the GPU machine, from the repository root):
+  PYTHONPATH=src python benchmarks/mosaic_ab.py --variant NAME:MODULE.ATTR=VALUE ...
+      [--shapes "[[128, 1, 128, 2048], [64, 1, 64, 512]]"] [--out FILE.json]
+Shapes are [heads, tokens_per_seq, batch, K] (default: five of vs_flashmla.py's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import json
+import statistics
+
+MODULES = ("kernel", "gather", "consumer", "decode")
+DEFAULT_SHAPES = [[128, 1, 128, 2048], [128, 1, 64, 512], [64, 1, 128, 2048], [64, 1, 64, 512],
+                  [16, 4, 64, 2048]]
+
+
+def parse_variant(text):
+  """"NAME:MODULE.ATTR=VALUE[;MODULE.ATTR=VALUE...]" -> (name, [(module, attr, value)]). The
+  attribute must exist (a typo would otherwise time the default under another name)."""
+  name, sep, rest = text.partition(":")
+  if not sep or not name or not rest:
+    raise ValueError(f"a variant is NAME:MODULE.ATTR=VALUE; got {text!r}")
+  overrides = []
+  for item in rest.split(";"):
+    target, sep, literal = item.partition("=")
+    module_name, _, attr = target.strip().partition(".")
+    if not sep or module_name not in MODULES or not attr:
+      raise ValueError(f"an override is MODULE.ATTR=VALUE with MODULE one of {MODULES}; got "
+                       f"{item!r}")
+    module = importlib.import_module(f"jax_mla._src.pallas.mosaic.{module_name}")
+    if not hasattr(module, attr):
+      raise ValueError(f"{module_name} has no attribute {attr!r}")
+    overrides.append((module, attr, ast.literal_eval(literal.strip())))
+  return name, overrides
+
+
+@contextlib.contextmanager
+def overridden(overrides):
+  """Sets the overrides for the duration of the block, then restores every one."""
+  saved = [(module, attr, getattr(module, attr)) for module, attr, _ in overrides]
+  try:
+    for module, attr, value in overrides:
+      setattr(module, attr, value)
+    yield
+  finally:
+    for module, attr, value in reversed(saved):
+      setattr(module, attr, value)
+
+
+def looped_decode(kv, kv_rope, heads, tokens, batch, k, index_update_only=False):
+  """vs_flashmla.py's loop: STEPS calls with indices (first + call * STRIDE) mod POOL."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  from vs_flashmla import POOL, STEPS, STRIDE  # pylint: disable=import-outside-toplevel
+  del heads
+
+  @jax.jit
+  def run(q, q_rope, idx0, sink):
+    def body(i, carry):
+      acc, idx = carry
+      idx_i = (idx + i * STRIDE) & (POOL - 1)
+      if index_update_only:
+        return acc + idx_i[0, 0].astype(jnp.float32), idx
+      indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
+      out = jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx_i.reshape(-1), sink,
+                           tokens_per_seq=tokens, backend="pallas")[0]
+      return acc + out.reshape(-1)[0].astype(jnp.float32), idx
+    return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
+  return run
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+  parser.add_argument("--shapes", type=json.loads, default=DEFAULT_SHAPES)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args(argv)
+  variants = [("default", [])] + args.variant
+  if len({name for name, _ in variants}) != len(variants):
+    raise SystemExit("variant names must differ from each other and from 'default'")
+
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  import vs_flashmla  # pylint: disable=import-outside-toplevel
+  from timing import device_time  # pylint: disable=import-outside-toplevel
+
+  pool = jax.random.normal(jax.random.PRNGKey(0), (vs_flashmla.POOL, 512),
+                           jnp.float32).astype(jnp.bfloat16)
+  kv, kv_rope = jax_mla.pack_rows(pool)
+  rows = []
+  for shape in args.shapes:
+    data = vs_flashmla.problem(*shape)
+    q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
+    call_args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
+    runs = {}
+    for name, overrides in variants:
+      with overridden(overrides):  # traced and compiled here, with the overrides
+        runs[name] = looped_decode(kv, kv_rope, *shape)
+        jax.block_until_ready(runs[name](*call_args))
+    runs["index_update"] = looped_decode(kv, kv_rope, *shape, index_update_only=True)
+    jax.block_until_ready(runs["index_update"](*call_args))
+    times = {name: [] for name in runs}
+    for _ in range(args.rounds):
+      for name, run in runs.items():
+        times[name].append(device_time.device_time_us(
+            lambda run=run: jax.block_until_ready(run(*call_args)), vs_flashmla.STEPS))
+    update = statistics.median(times["index_update"])
+    row = dict(heads=shape[0], tokens_per_seq=shape[1], batch=shape[2], k=shape[3],
+               us={name: statistics.median(times[name]) - update for name, _ in variants},
+               rounds={name: times[name] for name, _ in variants}, index_update_us=update)
+    rows.append(row)
+    print(f"H{shape[0]}x{shape[1]} B{shape[2]} K{shape[3]}: " + ", ".join(
+        f"{name} {us:.1f} us" for name, us in row["us"].items()), flush=True)
+  if args.out:
+    meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                variants={name: [f"{m.__name__.rsplit('.', 1)[1]}.{a}={v!r}"
+                                 for m, a, v in overrides] for name, overrides in variants})
+    with open(args.out, "w") as out:
+      json.dump(dict(meta=meta, rows=rows), out, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main()
