@@ -66,29 +66,6 @@ def overridden(overrides):
       setattr(module, attr, value)
 
 
-def looped_decode(kv, kv_rope, heads, tokens, batch, k, index_update_only=False):
-  """vs_flashmla.py's loop: STEPS calls with indices (first + call * STRIDE) mod POOL."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import jax_mla  # pylint: disable=import-outside-toplevel
-  from vs_flashmla import POOL, STEPS, STRIDE  # pylint: disable=import-outside-toplevel
-  del heads
-
-  @jax.jit
-  def run(q, q_rope, idx0, sink):
-    def body(i, carry):
-      acc, idx = carry
-      idx_i = (idx + i * STRIDE) & (POOL - 1)
-      if index_update_only:
-        return acc + idx_i[0, 0].astype(jnp.float32), idx
-      indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
-      out = jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx_i.reshape(-1), sink,
-                           tokens_per_seq=tokens, backend="pallas")[0]
-      return acc + out.reshape(-1)[0].astype(jnp.float32), idx
-    return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
-  return run
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--variant", action="append", default=[], type=parse_variant)
@@ -103,29 +80,23 @@ def main(argv=None):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
-  import vs_flashmla  # pylint: disable=import-outside-toplevel
-  from timing import device_time  # pylint: disable=import-outside-toplevel
+  import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
-  pool = jax.random.normal(jax.random.PRNGKey(0), (vs_flashmla.POOL, 512),
-                           jnp.float32).astype(jnp.bfloat16)
+  pool = jax.random.normal(jax.random.PRNGKey(0), (vf.POOL, 512), jnp.float32).astype(jnp.bfloat16)
   kv, kv_rope = jax_mla.pack_rows(pool)
   rows = []
   for shape in args.shapes:
-    data = vs_flashmla.problem(*shape)
+    data = vf.problem(*shape)
     q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
     call_args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
     runs = {}
     for name, overrides in variants:
       with overridden(overrides):  # traced and compiled here, with the overrides
-        runs[name] = looped_decode(kv, kv_rope, *shape)
+        runs[name] = vf.looped(vf.decode_call(kv, kv_rope, shape[1], "pallas"))
         jax.block_until_ready(runs[name](*call_args))
-    runs["index_update"] = looped_decode(kv, kv_rope, *shape, index_update_only=True)
+    runs["index_update"] = vf.looped(vf.index_update)
     jax.block_until_ready(runs["index_update"](*call_args))
-    times = {name: [] for name in runs}
-    for _ in range(args.rounds):
-      for name, run in runs.items():
-        times[name].append(device_time.device_time_us(
-            lambda run=run: jax.block_until_ready(run(*call_args)), vs_flashmla.STEPS))
+    times = vf.device_rounds(runs, call_args, args.rounds)
     update = statistics.median(times["index_update"])
     row = dict(heads=shape[0], tokens_per_seq=shape[1], batch=shape[2], k=shape[3],
                us={name: statistics.median(times[name]) - update for name, _ in variants},

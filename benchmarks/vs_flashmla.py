@@ -83,54 +83,80 @@ def make_pool(pool_dir):
   return kv, kv_rope
 
 
+def looped(f):
+  """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop, the indices
+  (first + call * STRIDE) mod POOL, one element of each output kept live."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  @jax.jit
+  def run(q, q_rope, idx0, sink):
+    def body(i, carry):
+      acc, idx = carry
+      out = f(q, q_rope, (idx + i * STRIDE) & (POOL - 1), sink)
+      return acc + out.reshape(-1)[0].astype(jnp.float32), idx
+    return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
+  return run
+
+
+def index_update(q, q_rope, idx, sink):
+  """The loop's own work: looped(index_update) is what every loop's time is net of."""
+  del q, q_rope, sink
+  return idx
+
+
+def decode_call(kv, kv_rope, tokens, backend):
+  """f(q, q_rope, idx [batch, K], sink) -> out: the public decode over the packed pool."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+
+  def call(q, q_rope, idx, sink):
+    batch, k = idx.shape
+    indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
+    return jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx.reshape(-1), sink,
+                          tokens_per_seq=tokens, backend=backend)[0]
+  return call
+
+
+def device_rounds(runs, args, rounds):
+  """{name: [GPU busy us per call, one per round]}: the looped runs interleaved within each
+  round (each already compiled)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from timing import device_time  # pylint: disable=import-outside-toplevel
+  times = {name: [] for name in runs}
+  for _ in range(rounds):
+    for name, run in runs.items():
+      times[name].append(device_time.device_time_us(
+          lambda run=run: jax.block_until_ready(run(*args)), STEPS))
+  return times
+
+
 def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
   """jax_mla (and plain XLA for other_shapes) per shape; `progress(rows)` after each."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
   from gpu_decode import plain_xla_decode  # pylint: disable=import-outside-toplevel
-  from timing import device_time  # pylint: disable=import-outside-toplevel
-
-  def looped(f):
-    @jax.jit
-    def run(q, q_rope, idx0, sink):
-      def body(i, carry):
-        acc, idx = carry
-        out = f(q, q_rope, (idx + i * STRIDE) & (POOL - 1), sink)
-        return acc + out.reshape(-1)[0].astype(jnp.float32), idx
-      return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
-    return run
 
   def impl(name, tokens):
     if name == "plain":
       return lambda q, q_rope, idx, sink: plain_xla_decode(
           q, q_rope, kv, kv_rope, idx, sink, tokens_per_seq=tokens)[0]
-    if name == "index_update":
-      return lambda q, q_rope, idx, sink: idx
-    def call(q, q_rope, idx, sink):
-      batch, k = idx.shape
-      indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
-      return jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx.reshape(-1), sink,
-                            tokens_per_seq=tokens, backend=backend)[0]
-    return call
+    return decode_call(kv, kv_rope, tokens, backend)
 
   rows = []
-  index_update = looped(impl("index_update", 1))  # shape-polymorphic: one function, any shape
+  update = looped(index_update)  # shape-polymorphic: one function, any shape
   for shape, impls in [(s, ("jax_mla", "index_update")) for s in flash_shapes] + \
                       [(s, ("jax_mla", "plain", "index_update")) for s in other_shapes]:
     heads, tokens, batch, k = shape
     data = problem(*shape)
     q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
     args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
-    runs = {name: index_update if name == "index_update" else looped(impl(name, tokens))
+    runs = {name: update if name == "index_update" else looped(impl(name, tokens))
             for name in impls}
     for run in runs.values():
       jax.block_until_ready(run(*args))
-    times = {name: [] for name in impls}
-    for _ in range(ROUNDS):
-      for name, run in runs.items():
-        times[name].append(device_time.device_time_us(
-            lambda run=run: jax.block_until_ready(run(*args)), STEPS))
+    times = device_rounds(runs, args, ROUNDS)
     med = {name: statistics.median(t) for name, t in times.items()}
     row = dict(heads=heads, tokens_per_seq=tokens, batch=batch, k=k,
                index_update_us=med["index_update"],
