@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import jax_mla
-from jax_mla._src import backends
+from jax_mla._src import backends, layout
 from jax_mla._src.pallas import backend as pallas_backend
 from support.compare import assert_bf16_decode_close, assert_bit_identical
 from support.compare import assert_close
@@ -135,6 +135,26 @@ def test_split_counts_agree_with_the_oracle(backend, num_kv_splits):
 def test_index_patterns_agree_with_the_oracle(backend, pattern):
   batch = make_batch(np.random.default_rng(len(pattern)), num_heads=16, lengths=[0, 33, 257, 2],
                      pool_rows=256, sink=-0.7, index_pattern=pattern)
+  out, lse = decode(batch, backend)
+  assert np.isfinite(out).all() and np.isfinite(lse).all()
+  check_oracle(batch, out, lse)
+
+
+@pytest.mark.parametrize("num_heads", [64, 128])
+def test_scores_rising_along_the_list(backend, num_heads):
+  """Each block of 64 entries scores about twice the one before (its K rows' tile scales one
+  exponent higher): the softmax's running max moves block after block, by less and by more
+  than a kernel may leave it stale (the Mosaic kernel's consumer.MAX_SLACK_LOG2)."""
+  if not served(backend, num_heads):
+    pytest.skip(f"{backend} does not serve ({num_heads}, 1)")
+  batch = make_batch(np.random.default_rng(11), num_heads=num_heads, lengths=[448, 130],
+                     pool_rows=1024, sink=0.3, index_pattern="unique")
+  kv = np.array(batch.kv)
+  scales = slice(layout.SCALE_OFFSET, layout.SCALE_OFFSET + layout.SCALE_BYTES)
+  for seq in range(2):
+    rows = batch.kv_indices[batch.kv_indptr[seq]:batch.kv_indptr[seq + 1]]
+    kv[rows, scales] += (np.arange(len(rows)) // 64).astype(np.uint8)[:, None]
+  batch.kv = kv
   out, lse = decode(batch, backend)
   assert np.isfinite(out).all() and np.isfinite(lse).all()
   check_oracle(batch, out, lse)

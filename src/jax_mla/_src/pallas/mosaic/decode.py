@@ -112,7 +112,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   results = plgpu.kernel(
       kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows),
       scratch_types=scratch,
-      compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH),
+      # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
+      # kernel's stores are published by commit_smem before the barrier arrival that hands
+      # them over (H200, 2026-12-04: 190.4 against 192.3 us at 128 heads B 128 K 2048).
+      compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH,
+                                           unsafe_no_auto_barriers=True),
       num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
     *pallas_plan.pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)

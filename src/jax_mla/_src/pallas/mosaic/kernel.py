@@ -287,12 +287,14 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       return acc, m_i, l_i
 
     acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
+    l_i = mosaic_consumer.finish_row_sum(l_i)
 
     @pl.when(steps > 0)
     def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
       plgpu.barrier_wait(s_free)
     rows_smem[0] = m_i
     rows_smem[1] = l_i
+    plgpu.commit_smem()  # every thread's stores, before the arrival that publishes them
     plgpu.barrier_arrive(ml_full)
     write_half(acc, m_i, l_i, 0)
 
