@@ -204,8 +204,8 @@ def measure(label, args, lengths, impls, rounds, min_seconds=0.0, evict=None):
       row["host_scratch_mib"] = threads * QUERY_BLOCK_MIB
       if name != "host-persistent":
         row["num_kv_splits"] = planner.host_num_kv_splits(len(lengths), HEADS)
-        if name == "host-xla-merge":  # one split writes no LSE for XLA's merge
-          row["num_kv_splits"] = max(2, row["num_kv_splits"])
+        if name == "host-xla-merge":  # the LSE from XLA's merge
+          row["num_kv_splits"] = split.splits_for_lse(row["num_kv_splits"])
     rows.append(row)
     ratio = f", {row['ratio']:.2f}x the reference" if ref and name != "reference" else ""
     print(f"{label:>12} B={len(lengths):<3} K={int(lengths.max()):<5} {name:>16}: "

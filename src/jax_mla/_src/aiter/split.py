@@ -186,6 +186,12 @@ def merge_splits(partials, partial_lse, valid_split_count, kv_indptr, sink, *, t
 
 # --- the function the public API calls -----------------------------------------------------------
 
+def splits_for_lse(num_kv_splits: int) -> int:
+  """The split count when the LSE comes from the split merge (not from the host executor, which
+  merges its own splits): at least 2, since one split writes no LSE."""
+  return max(2, num_kv_splits)
+
+
 def _check_static(num_heads: int, tokens_per_seq, num_kv_splits, backend, return_lse,
                   fill_unwritten_nan, merge_in_executor):
   if isinstance(tokens_per_seq, bool) or not isinstance(tokens_per_seq, int):
@@ -245,8 +251,8 @@ def split_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens_
     num_kv_splits = planner.host_num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
   if num_kv_splits is None:
     num_kv_splits = planner.num_kv_splits(num_seqs, kernel_heads, kv_len_hint=kv_len_hint)
-  if return_lse and not merge_in_executor:  # one split would write no LSE
-    num_kv_splits = max(2, num_kv_splits)
+  if return_lse and not merge_in_executor:
+    num_kv_splits = splits_for_lse(num_kv_splits)
   num_kv_splits = int(num_kv_splits)
 
   sink = jnp.asarray(sink, jnp.float32)
