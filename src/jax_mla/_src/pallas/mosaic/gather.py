@@ -379,7 +379,7 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith, gpu, llvm
+  from jaxlib.mlir.dialects import arith, llvm
 
   i32 = ir.IntegerType.get_signless(32)
   i64 = ir.IntegerType.get_signless(64)
@@ -389,12 +389,6 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
 
   def add(a, b):
     return arith.addi(a, mgpu_utils.c(b, a.type) if isinstance(b, int) else b)
-
-  def load16(address):
-    out = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [address],
-                          "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-                          has_side_effects=False)
-    return [llvm.extractvalue(i32, out, [i]) for i in range(4)]
 
   def to_bf16x2(lo, hi):
     """Two f32 words -> one word of two bf16 (lo at the lower address), rounded to nearest."""
@@ -408,10 +402,7 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
     rank, barrier = peer
     window = _peer_window(k_base, rank, barrier)
   f32 = ir.F32Type.get()
-  lane_in_group = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c32(128))
-  warp = arith.divui(lane_in_group, c32(32))
-  row_in_group, _, piece = (x.value for x in lane_work(_Int(arith.remui(lane_in_group,
-                                                                        c32(32)))))
+  warp, (row_in_group, _, piece) = _lane_roles()
   piece_bytes = arith.extui(i64, arith.muli(piece, c32(8 * value_bytes)))
 
   groups = groups_per_warp(peer is not None)
@@ -431,9 +422,9 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
       data = []
       for j in range(FLOAT_LINES):
         line_address = add(row_address, j * FLOAT_LINE * value_bytes)
-        words = load16(line_address)
+        words = _load16(line_address)
         if value_bytes == 4:
-          words += load16(add(line_address, CHUNK))
+          words += _load16(add(line_address, CHUNK))
         data.append(words)
       loaded.append((row, valid, data))
     for row, valid, data in loaded:
@@ -459,7 +450,7 @@ class _FillEmitter:
     # pylint: disable=import-outside-toplevel
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, gpu, llvm
+    from jaxlib.mlir.dialects import arith, llvm
     self.mgpu_utils, self.arith, self.llvm = mgpu_utils, arith, llvm
     self.i32 = ir.IntegerType.get_signless(32)
     self.i64 = ir.IntegerType.get_signless(64)
@@ -476,11 +467,7 @@ class _FillEmitter:
       self.rank, barrier = peer
       if barrier is not None:
         self.window = _peer_window(self.k_base, self.rank, barrier)
-    lane_in_group = arith.remui(arith.index_cast(self.i32, gpu.thread_id(gpu.Dimension.x)),
-                                self.c32(128))
-    self.warp = arith.divui(lane_in_group, self.c32(32))
-    self.row_in_group, self.piece, self.rope_piece = (
-        x.value for x in lane_work(_Int(arith.remui(lane_in_group, self.c32(32)))))
+    self.warp, (self.row_in_group, self.piece, self.rope_piece) = _lane_roles()
     self.piece_bytes = arith.extui(self.i64, arith.muli(self.piece, self.c32(CHUNK)))
     self.rope_bytes = arith.extui(self.i64, arith.muli(self.rope_piece, self.c32(CHUNK)))
     # Which of its line's two tiles the piece is in, and whether it holds fp8 in the last,
@@ -523,10 +510,10 @@ class _FillEmitter:
                                                                               self.i64)))
     rope_address = self.add(self.rope_base, arith.muli(
         entry, self.mgpu_utils.c(2 * layout.ROPE_DIM, self.i64)))
-    words = self._load16(self.add(row_address, layout.SCALE_OFFSET))
+    words = _load16(self.add(row_address, layout.SCALE_OFFSET))
     for j in range(FP8_LINES):
-      words += self._load16(self.add(self.add(row_address, j * LINE), self.piece_bytes))
-    return words + self._load16(self.add(rope_address, self.rope_bytes))
+      words += _load16(self.add(self.add(row_address, j * LINE), self.piece_bytes))
+    return words + _load16(self.add(rope_address, self.rope_bytes))
 
   def convert(self, group, valid_count, words):
     """Dequantizes and stores row group `group`'s loaded words (issue's), zeros for a row at or
@@ -550,11 +537,6 @@ class _FillEmitter:
         store()
     col = self.add(arith.muli(self.rope_piece, self.c32(8)), ROPE_FIRST_COL)
     self._store(1, row, col, [arith.select(valid, x, self.zero) for x in rope_words])
-
-  def _load16(self, address):
-    """Four words from global memory (non-coherent cache path: the pool is read-only here)."""
-    return self.asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
-                    "=r,=r,=r,=r,l")
 
   def _store(self, half, row, col, words):
     address = self.add(self.k_base, k_tile_offset(_Int(self.c32(half)), _Int(row),
@@ -636,6 +618,33 @@ def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clam
               for g in groups]
     for g, words in zip(groups, loaded):
       emit.convert(g, valid_count, words)
+
+
+def _lane_roles():
+  """This thread's warp in its warpgroup and its lane's work (lane_work), as i32 IR values:
+  (warp, (row in a row group, fp8 piece, RoPE piece))."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, gpu
+  i32 = ir.IntegerType.get_signless(32)
+  lane_in_group = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)),
+                              mgpu_utils.c(128, i32))
+  warp = arith.divui(lane_in_group, mgpu_utils.c(32, i32))
+  return warp, tuple(x.value for x in lane_work(_Int(arith.remui(lane_in_group,
+                                                                 mgpu_utils.c(32, i32)))))
+
+
+def _load16(address):
+  """Four words from global memory (the non-coherent path: the rows are read-only here)."""
+  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import llvm
+  i32 = ir.IntegerType.get_signless(32)
+  out = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [address],
+                        "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                        has_side_effects=False)
+  return [llvm.extractvalue(i32, out, [i]) for i in range(4)]
 
 
 def _listed_entry(idx, row, valid, zero, clamp_to=None):
