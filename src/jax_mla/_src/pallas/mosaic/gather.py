@@ -392,8 +392,7 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
 
   def to_bf16x2(lo, hi):
     """Two f32 words -> one word of two bf16 (lo at the lower address), rounded to nearest."""
-    return llvm.inline_asm(i32, [hi, lo], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
-                           has_side_effects=False)
+    return _asm(1, [hi, lo], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")[0]
 
   rows_base = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(rows))
   k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
@@ -483,13 +482,6 @@ class _FillEmitter:
   def add(self, a, b):
     return self.arith.addi(a, self.mgpu_utils.c(b, a.type) if isinstance(b, int) else b)
 
-  def asm(self, results, operands, text, constraints):
-    llvm = self.llvm
-    ty = self.i32 if results == 1 else llvm.StructType.get_literal([self.i32] * results)
-    out = llvm.inline_asm(ty, operands, text, constraints, has_side_effects=False)
-    return ([out] if results == 1 else
-            [llvm.extractvalue(self.i32, out, [i]) for i in range(results)])
-
   def row(self, group):
     """The block row this lane fills in row group `group`."""
     return block_row(_Int(self.warp), group, _Int(self.row_in_group),
@@ -570,7 +562,7 @@ class _FillEmitter:
   def _fp8x4_to_bf16(self, word, scale):
     """Four e4m3 bytes -> two words of bf16 pairs, each value times scale (_tile_scale's)."""
     tail, constraints = _SCALED[self.math]
-    return self.asm(2, [word, scale], """{
+    return _asm(2, [word, scale], """{
       .reg .b16 lo, hi;
       .reg .b32 a, b, c, d;
       .reg .b16 a0, a1, b0, b1;
@@ -635,16 +627,20 @@ def _lane_roles():
                                                                  mgpu_utils.c(32, i32)))))
 
 
-def _load16(address):
-  """Four words from global memory (the non-coherent path: the rows are read-only here)."""
+def _asm(results, operands, text, constraints):
+  """Inline PTX without side effects whose `results` outputs are i32 words, as a list."""
   # pylint: disable=import-outside-toplevel
   from jaxlib.mlir import ir
   from jaxlib.mlir.dialects import llvm
   i32 = ir.IntegerType.get_signless(32)
-  out = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [address],
-                        "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-                        has_side_effects=False)
-  return [llvm.extractvalue(i32, out, [i]) for i in range(4)]
+  ty = i32 if results == 1 else llvm.StructType.get_literal([i32] * results)
+  out = llvm.inline_asm(ty, operands, text, constraints, has_side_effects=False)
+  return [out] if results == 1 else [llvm.extractvalue(i32, out, [i]) for i in range(results)]
+
+
+def _load16(address):
+  """Four words from global memory (the non-coherent path: the rows are read-only here)."""
+  return _asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
 
 
 def _listed_entry(idx, row, valid, zero, clamp_to=None):
