@@ -96,7 +96,7 @@ def main(argv=None):
         jax.block_until_ready(runs[name](*call_args))
     runs["index_update"] = vf.looped(vf.index_update)
     jax.block_until_ready(runs["index_update"](*call_args))
-    times = vf.device_rounds(runs, call_args, args.rounds)
+    times, _ = vf.device_rounds(runs, call_args, args.rounds)
     update = statistics.median(times["index_update"])
     row = dict(heads=shape[0], tokens_per_seq=shape[1], batch=shape[2], k=shape[3],
                us={name: statistics.median(times[name]) - update for name, _ in variants},

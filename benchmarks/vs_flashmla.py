@@ -14,9 +14,12 @@ the same bf16 values (jax_mla takes them packed, FlashMLA as bf16); the same ind
 Same method for both: 30 calls whose indices change every call ((indices + call * 4099) mod
 65536), run under the framework's profiler; the GPU busy time per call is the union of the
 GPU events' intervals (benchmarks/timing/device_time.py); median of 3 rounds. jax_mla's calls
-run in one jitted loop whose index update (one small fused kernel per call, about 1.7 us on the
-H200) is inside its time and is measured alone and subtracted ("net"); FlashMLA's index lists
-are made before its loop. FlashMLA runs in a child process (one profiler per process; PyTorch
+run in one jitted loop whose index update (one small fused kernel per call, about 1 us on the
+H200) is inside its time and is measured alone and subtracted ("net"); the loop keeps each
+call's output as its carry and builds the batch's indptr once, from the static shapes (a
+server builds it once per step for all its layers), so nothing else of the loop's counts; the
+results file lists the kernels each loop ran. FlashMLA's index lists are made before its loop
+and its metadata once. FlashMLA runs in a child process (one profiler per process; PyTorch
 and JAX each hold their own GPU memory).
 
 Usage (on the GPU machine, from the repository root):
@@ -85,17 +88,19 @@ def make_pool(pool_dir):
 
 def looped(f):
   """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop, the indices
-  (first + call * STRIDE) mod POOL, one element of each output kept live."""
+  (first + call * STRIDE) mod POOL. Each call's output is the loop's carry (the next call
+  replaces it, the last is returned), so every call stays live and the loop adds no kernel of
+  its own besides the index update. (Until 2026-12-04 the loop added one element of each
+  output to a sum, a small kernel per call that the net time kept.)"""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   @jax.jit
   def run(q, q_rope, idx0, sink):
-    def body(i, carry):
-      acc, idx = carry
-      out = f(q, q_rope, (idx + i * STRIDE) & (POOL - 1), sink)
-      return acc + out.reshape(-1)[0].astype(jnp.float32), idx
-    return jax.lax.fori_loop(0, STEPS, body, (jnp.float32(0), idx0))[0]
+    def call(i):
+      return f(q, q_rope, (idx0 + i * STRIDE) & (POOL - 1), sink)
+    out = jax.eval_shape(call, 0)
+    return jax.lax.fori_loop(0, STEPS, lambda i, _: call(i), jnp.zeros(out.shape, out.dtype))
   return run
 
 
@@ -107,28 +112,36 @@ def index_update(q, q_rope, idx, sink):
 
 def decode_call(kv, kv_rope, tokens, backend):
   """f(q, q_rope, idx [batch, K], sink) -> out: the public decode over the packed pool."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
 
   def call(q, q_rope, idx, sink):
     batch, k = idx.shape
-    indptr = jnp.arange(batch + 1, dtype=jnp.int32) * k
+    # From the static shapes, so a constant of the loop: a server builds its batch's indptr
+    # once per step for every layer, as FlashMLA's metadata is made once (built in the loop,
+    # it was a small kernel per call).
+    indptr = np.arange(batch + 1, dtype=np.int32) * k
     return jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx.reshape(-1), sink,
                           tokens_per_seq=tokens, backend=backend)[0]
   return call
 
 
 def device_rounds(runs, args, rounds):
-  """{name: [GPU busy us per call, one per round]}: the looped runs interleaved within each
-  round (each already compiled)."""
+  """({name: [GPU busy us per call, one per round]}, {name: {kernel: us per call}} of the last
+  round): the looped runs interleaved within each round (each already compiled)."""
   import jax  # pylint: disable=import-outside-toplevel
   from timing import device_time  # pylint: disable=import-outside-toplevel
   times = {name: [] for name in runs}
+  kernels = {}
   for _ in range(rounds):
     for name, run in runs.items():
-      times[name].append(device_time.device_time_us(
-          lambda run=run: jax.block_until_ready(run(*args)), STEPS))
-  return times
+      busy, kernels[name] = device_time.device_profile(
+          lambda run=run: jax.block_until_ready(run(*args)), STEPS)
+      times[name].append(busy)
+  return times, kernels
+
+
+def _rounded(kernels):
+  return {name: round(us, 3) for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])}
 
 
 def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
@@ -156,11 +169,15 @@ def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
             for name in impls}
     for run in runs.values():
       jax.block_until_ready(run(*args))
-    times = device_rounds(runs, args, ROUNDS)
+    times, kernels = device_rounds(runs, args, ROUNDS)
     med = {name: statistics.median(t) for name, t in times.items()}
     row = dict(heads=heads, tokens_per_seq=tokens, batch=batch, k=k,
                index_update_us=med["index_update"],
-               jax_mla_us=med["jax_mla"] - med["index_update"], jax_mla_rounds=times["jax_mla"])
+               jax_mla_us=med["jax_mla"] - med["index_update"], jax_mla_rounds=times["jax_mla"],
+               # What each loop ran, per call (last round): the net time is the first less
+               # the second.
+               jax_mla_kernels=_rounded(kernels["jax_mla"]),
+               index_update_kernels=_rounded(kernels["index_update"]))
     if "plain" in med:
       row["plain_us"] = med["plain"] - med["index_update"]
       row["jax_mla_over_plain"] = row["plain_us"] / row["jax_mla_us"]
@@ -244,7 +261,8 @@ def main():
               steps=STEPS, rounds=ROUNDS, pool=POOL,
               method="GPU busy time per call (profiler trace: union of GPU event intervals), "
                      "30 calls with indices changing every call, median of 3 rounds; jax_mla "
-                     "net of its loop's index update; FlashMLA metadata computed once")
+                     "net of its loop's index update (the loop carries each output; indptr made "
+                     "once); FlashMLA metadata computed once")
   with tempfile.TemporaryDirectory() as pool_dir:
     kv, kv_rope = make_pool(pool_dir)
     ok, why = flashmla_importable() if flash_shapes else (False, "no FlashMLA shapes in the suite")
