@@ -1,8 +1,10 @@
-"""kernel_trace.summarize on synthetic Mosaic GPU profiler traces with known region times."""
+"""kernel_trace.summarize, and mosaic_regions.py's summary in cycles of it, on synthetic Mosaic
+GPU profiler traces with known region times."""
 
 
 import pytest
 
+import mosaic_regions
 from timing import kernel_trace
 
 ROLES = {0: "consumer", 1: "consumer", 2: "producer"}
@@ -38,15 +40,37 @@ def test_known_durations_and_shares():
   stats, spans = kernel_trace.summarize(synthetic_trace(), 3, ROLES)
   consumer = stats["consumer"]
   assert consumer["qk"].count == 2 * 2 * 3  # two consumers, two CTAs, three steps
-  assert consumer["qk"].median_us == pytest.approx(3.0)
-  assert consumer["dequantize"].median_us == pytest.approx(2.0)
-  assert consumer["load"].median_us == pytest.approx(0.5)
-  assert consumer["wait"].total_us == pytest.approx(12.0)
+  assert consumer["qk"].median == pytest.approx(3.0)
+  assert consumer["dequantize"].median == pytest.approx(2.0)
+  assert consumer["load"].median == pytest.approx(0.5)
+  assert consumer["wait"].total == pytest.approx(12.0)
   assert consumer["qk"].share == pytest.approx(0.5)  # 3 of every 6 us
   assert stats["producer"]["issue"].share == pytest.approx(1.0)
   assert spans == {"consumer": pytest.approx(18.0), "producer": pytest.approx(12.0)}
-  text = kernel_trace.format_summary(stats, spans)
-  assert "| consumer | qk | 12 | 3.000 | 36.0 | 0.50 |" in text
+
+
+def test_the_regions_script_reads_the_trace_in_cycles():
+  """The profiler's "ts" are thousands of SM cycles: a region of 3 units is 3000 cycles."""
+  roles = {0: "qk_softmax", 1: "pv", 2: "producer"}
+  trace = synthetic_trace()
+  for e in trace["traceEvents"]:
+    if (e["tid"] - 1) % 3 == 1:
+      e["name"] = "pv_" + e["name"]
+  summary = mosaic_regions.summarize_cycles(trace)
+  assert set(summary["regions"]) == set(roles.values())
+  qk = summary["regions"]["qk_softmax"]["qk"]
+  assert qk == dict(entries=2 * 3, median_cycles=3000, total_kcycles=18.0, share=0.5)
+  assert summary["regions"]["pv"]["pv_load"]["median_cycles"] == 500
+  assert summary["span_kcycles"] == {"qk_softmax": 18.0, "pv": 18.0, "producer": 12.0}
+  text = mosaic_regions.format_cycles(summary)
+  assert "| qk_softmax | qk | 6 | 3000 | 0.50 |" in text
+  assert "median span of one producer warpgroup: 12.0 kcycles" in text
+
+
+def test_the_profile_space_holds_every_region_of_a_split():
+  """One split of K entries walks ceil(K / 64) blocks of REGIONS_PER_BLOCK regions each."""
+  assert mosaic_regions.profile_space(2048) == 32 * 6 + 4
+  assert mosaic_regions.profile_space(65) == 2 * 6 + 4
 
 
 def test_unpaired_end_and_unknown_warpgroup_raise():

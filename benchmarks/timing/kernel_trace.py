@@ -3,10 +3,11 @@
 The Mosaic GPU profiler (`CompilerParams(profile_space=..., profile_dir=...)`) writes a Chrome
 trace per call: begin ("B") and end ("E") events of each named region (`jax.named_scope` in the
 kernel body), one thread id per warpgroup of every CTA (`tid = 1 + warpgroup + warpgroups * cta`)
-and "ts" in microseconds. `summarize` turns that into, per warpgroup role and region, how often
-it was entered and how long it took, plus the span of each CTA. (Written for the staged
-design's profile script, removed with that design on 2026-12-03; kept for profiling the
-current kernel's regions.)
+and "ts", whose unit is the trace's: jax 0.11-0.12's profiler stamps regions with the SM's
+cycle counter (%clock) added to a globaltimer start and divides by 1000, so its durations are
+thousands of SM cycles, not microseconds (benchmarks/mosaic_regions.py converts). `summarize`
+turns that into, per warpgroup role and region, how often it was entered and how long it took,
+in the trace's unit, plus the span of each CTA. Used by benchmarks/mosaic_regions.py.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import statistics
 @dataclasses.dataclass(frozen=True)
 class RegionStats:
   count: int  # entries over all CTAs
-  total_us: float
-  median_us: float  # of one entry
-  share: float  # total_us / the role's summed CTA spans
+  total: float  # in the trace's "ts" unit
+  median: float  # of one entry
+  share: float  # total / the role's summed CTA spans
 
 
 def _pairs(events):
@@ -38,7 +39,7 @@ def _pairs(events):
 
 
 def summarize(trace: dict, warpgroups_per_cta: int, roles: dict[int, str]):
-  """{role: {region: RegionStats}} and {role: median CTA span in us}.
+  """{role: {region: RegionStats}} and {role: median CTA span}, in the trace's unit.
 
   roles maps a warpgroup index within the CTA to a role name; warpgroups with the same role are
   pooled (the two consumers of a decode CTA, say)."""
@@ -56,19 +57,7 @@ def summarize(trace: dict, warpgroups_per_cta: int, roles: dict[int, str]):
     role_spans[roles[(tid - 1) % warpgroups_per_cta]].append(hi - lo)
   out = collections.defaultdict(dict)
   for (role, name), ds in sorted(durations.items()):
-    out[role][name] = RegionStats(count=len(ds), total_us=sum(ds),
-                                  median_us=statistics.median(ds),
+    out[role][name] = RegionStats(count=len(ds), total=sum(ds),
+                                  median=statistics.median(ds),
                                   share=sum(ds) / sum(role_spans[role]))
   return dict(out), {role: statistics.median(s) for role, s in role_spans.items()}
-
-
-def format_summary(stats, spans) -> str:
-  lines = ["| role | region | entries | median us | total us | share of span |",
-           "|---|---|---|---|---|---|"]
-  for role, regions in stats.items():
-    for name, s in sorted(regions.items(), key=lambda kv: -kv[1].total_us):
-      lines.append(f"| {role} | {name} | {s.count} | {s.median_us:.3f} | {s.total_us:.1f} | "
-                   f"{s.share:.2f} |")
-  lines.append("")
-  lines += [f"median span of one {role} warpgroup: {us:.1f} us" for role, us in spans.items()]
-  return "\n".join(lines)

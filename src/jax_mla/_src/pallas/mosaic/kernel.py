@@ -33,6 +33,7 @@ instead of through shared memory and a TMA copy (218.3 against 209.0).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -53,6 +54,13 @@ NUM_K_TILES = 2
 # 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
 # lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
 REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
+
+
+def region(name):
+  """A named region of a warpgroup's code (jax.named_scope): what the Mosaic GPU profiler times
+  when the kernel is built with a profile space (mosaic.decode.PROFILE,
+  benchmarks/mosaic_regions.py); without one it emits nothing."""
+  return jax.named_scope(name)
 
 
 def scratch_types(pair=False):
@@ -193,31 +201,36 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     if rope is None:  # a float pool: its values, rounded to bf16
       @pl.loop(first_step, end)
       def _fill(step):
-        tile, pair_args = wait_free(step)
-        block_idx, num_valid = block(step)
-        mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
-                                   pair=pair_args)
-        filled(tile)
+        with region("free_wait"):
+          tile, pair_args = wait_free(step)
+        with region("gather"):
+          block_idx, num_valid = block(step)
+          mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
+                                     pair=pair_args)
+          filled(tile)
       return
 
     def fill_step(step, carried):
-      tile, pair_args = wait_free(step)
-      has_next = step + 1 < end
-      next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
-      carried = mosaic_gather.gather_step(
-          kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
-          k_smem.at[tile], carried, clamp=True, pair=pair_args)
-      filled(tile)
+      with region("free_wait"):
+        tile, pair_args = wait_free(step)
+      with region("gather"):
+        has_next = step + 1 < end
+        next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
+        carried = mosaic_gather.gather_step(
+            kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
+            k_smem.at[tile], carried, clamp=True, pair=pair_args)
+        filled(tile)
       return carried
 
     # With no step at all the prologue reads the list's first entry (the list holds at least
     # a block) and pool row 0 only.
-    _, first_valid = block(first_step)
-    any_step = first_step < end
-    carried = mosaic_gather.gather_issue(
-        kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV, 0),
-                               BLOCK_KV)],
-        jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
+    with region("first_loads"):
+      _, first_valid = block(first_step)
+      any_step = first_step < end
+      carried = mosaic_gather.gather_issue(
+          kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV,
+                                           0), BLOCK_KV)],
+          jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
     lax.fori_loop(first_step, end, fill_step, carried)
 
   @pl.when(wg == 2)
@@ -259,44 +272,51 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     its own PV; m and l published at the end."""
 
     def softmax_and_pv(i, s, tile, acc, m_i, l_i):
-      p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, *entries_of(i), m_i, l_i,
-                                                          score_scale_log2)
-      p = p.astype(jnp.bfloat16)
+      with region("softmax"):
+        p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, *entries_of(i), m_i, l_i,
+                                                            score_scale_log2)
+        p = p.astype(jnp.bfloat16)
 
-      @pl.when(i > 0)
-      def _wait_p_free():  # warpgroup 1's PV of the previous block is done with P
-        plgpu.barrier_wait(s_free)
-      p_smem[...] = p
-      rows_smem[0] = alpha
-      plgpu.commit_smem()  # P, before warpgroup 1's wgmma reads it
-      plgpu.barrier_arrive(s_full)
-      acc = pv(mosaic_consumer.rescale(acc, alpha), p, tile, 0)
+      with region("p_free_wait"):
+        @pl.when(i > 0)
+        def _wait_p_free():  # warpgroup 1's PV of the previous block is done with P
+          plgpu.barrier_wait(s_free)
+      with region("p_publish"):
+        p_smem[...] = p
+        rows_smem[0] = alpha
+        plgpu.commit_smem()  # P, before warpgroup 1's wgmma reads it
+        plgpu.barrier_arrive(s_full)
+      with region("pv"):
+        acc = pv(mosaic_consumer.rescale(acc, alpha), p, tile, 0)
       return acc, m_i, l_i
 
     def step(i, carry):
       acc, m_i, l_i = carry
       tile = lax.rem(i, NUM_K_TILES)
-      wait_filled(i)
+      with region("tile_wait"):
+        wait_filled(i)
 
       def qk(acc_ref):
         issue_qk(acc_ref, tile)
         return acc_ref[...]
-      s = pl.run_scoped(qk, s_accumulator)
+      with region("qk"):
+        s = pl.run_scoped(qk, s_accumulator)
       acc, m_i, l_i = softmax_and_pv(i, s, tile, acc, m_i, l_i)
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return acc, m_i, l_i
 
     acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
-    l_i = mosaic_consumer.finish_row_sum(l_i)
+    with region("epilogue"):
+      l_i = mosaic_consumer.finish_row_sum(l_i)
 
-    @pl.when(steps > 0)
-    def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
-      plgpu.barrier_wait(s_free)
-    rows_smem[0] = m_i
-    rows_smem[1] = l_i
-    plgpu.commit_smem()  # every thread's stores, before the arrival that publishes them
-    plgpu.barrier_arrive(ml_full)
-    write_half(acc, m_i, l_i, 0)
+      @pl.when(steps > 0)
+      def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
+        plgpu.barrier_wait(s_free)
+      rows_smem[0] = m_i
+      rows_smem[1] = l_i
+      plgpu.commit_smem()  # every thread's stores, before the arrival that publishes them
+      plgpu.barrier_arrive(ml_full)
+      write_half(acc, m_i, l_i, 0)
 
   def pv_from_shared_p():
     """Warpgroup 1's loop: rescale its half of O, then
@@ -305,32 +325,37 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
     def step(i, acc):
       tile = lax.rem(i, NUM_K_TILES)
-      if pair:  # complete already (warpgroup 0 waited before publishing P); observed here
-        # too, so that this warpgroup's wgmma reads of the peer's st.async bytes follow it
-        wait_filled(i)
-      plgpu.barrier_wait(s_full)
-      alpha = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
-      acc = pv(mosaic_consumer.rescale(acc, alpha), p_smem, tile, 1)
+      with region("p_wait"):
+        if pair:  # complete already (warpgroup 0 waited before publishing P); observed here
+          # too, so that this warpgroup's wgmma reads of the peer's st.async bytes follow it
+          wait_filled(i)
+        plgpu.barrier_wait(s_full)
+      with region("pv"):
+        alpha = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
+        acc = pv(mosaic_consumer.rescale(acc, alpha), p_smem, tile, 1)
       plgpu.barrier_arrive(s_free)  # P and the factors may be replaced
       plgpu.barrier_arrive(k_free.at[tile])
       return acc
 
     acc = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()[0])
-    plgpu.barrier_wait(ml_full)
-    m_i = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
-    l_i = mgpu_load(rows_smem.at[1], layout=row_layout, optimized=False)
-    write_half(acc, m_i, l_i, 1)
+    with region("ml_wait"):
+      plgpu.barrier_wait(ml_full)
+    with region("epilogue"):
+      m_i = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
+      l_i = mgpu_load(rows_smem.at[1], layout=row_layout, optimized=False)
+      write_half(acc, m_i, l_i, 1)
 
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
-    if float_q:
-      mosaic_gather.copy_consecutive(q_ref, seq * rows + row0,
-                                     jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
-    else:
-      mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+    with region("q_load"):
+      if float_q:
+        mosaic_gather.copy_consecutive(q_ref, seq * rows + row0,
                                        jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
-    plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
+      else:
+        mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+                                         jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+      plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
     softmax_for_both()
 
   @pl.when(wg == 1)
