@@ -5,8 +5,8 @@ The kernel marks its regions (`mosaic.kernel.region`: the producer's "first_load
 "free_wait" and "gather"; warpgroup 0's "q_load", then per block "tile_wait", "qk", "softmax",
 "p_free_wait", "p_publish" and "pv", then "epilogue"; warpgroup 1's per block "p_wait" and
 "pv", then "ml_wait" and "epilogue"). This script builds the public decode with a profile space
-(`mosaic.decode.PROFILE`), runs one call per shape, and summarizes the trace the profiler
-writes (`timing/kernel_trace.py`).
+(`profiled_build`: the kernel's CompilerParams given the profiler's settings), runs one call per
+shape, and summarizes the trace the profiler writes (`timing/kernel_trace.py`).
 
 Units: the profiler stamps each region's ends with the SM's cycle counter (%clock), so the
 durations here are SM cycles (about 1.7-1.98 per ns on the H200, by its clock). Each stamp is a
@@ -22,6 +22,7 @@ Shapes are [heads, tokens_per_seq, batch, K], as in vs_flashmla.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -68,14 +69,36 @@ def format_cycles(summary: dict) -> str:
   return "\n".join(lines)
 
 
+class _ProfiledPlgpu:
+  """Pallas's mosaic_gpu module, except that its CompilerParams also carry `settings`."""
+
+  def __init__(self, plgpu, settings):
+    self._plgpu, self._settings = plgpu, settings
+
+  def __getattr__(self, name):
+    return getattr(self._plgpu, name)
+
+  def CompilerParams(self, **params):  # pylint: disable=invalid-name
+    return self._plgpu.CompilerParams(**params, **self._settings)
+
+
+@contextlib.contextmanager
+def profiled_build(settings):
+  """Within the block, the Mosaic decode (mosaic.decode, which takes Pallas's module from its
+  _plgpu) builds its kernel with the profiler's `settings` (profile_space, profile_dir)."""
+  import mosaic_ab  # pylint: disable=import-outside-toplevel
+  from jax_mla._src.pallas.mosaic import decode as mosaic_decode  # pylint: disable=import-outside-toplevel
+  profiled = _ProfiledPlgpu(mosaic_decode._plgpu(), settings)  # pylint: disable=protected-access
+  with mosaic_ab.overridden([(mosaic_decode, "_plgpu", lambda: profiled)]):
+    yield
+
+
 def profiled_trace(shape, kv, kv_rope) -> dict:
   """The profiler's trace of one decode call at `shape`, built with a profile space."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
-  import mosaic_ab  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
-  from jax_mla._src.pallas.mosaic import decode as mosaic_decode  # pylint: disable=import-outside-toplevel
 
   heads, tokens, _, k = shape
   data = vf.problem(*shape)
@@ -83,7 +106,7 @@ def profiled_trace(shape, kv, kv_rope) -> dict:
   args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
   with tempfile.TemporaryDirectory() as directory:
     settings = dict(profile_space=profile_space(k), profile_dir=directory)
-    with mosaic_ab.overridden([(mosaic_decode, "PROFILE", settings)]):
+    with profiled_build(settings):
       call = jax.jit(vf.decode_call(kv, kv_rope, tokens, "pallas"))
       for _ in range(2):  # the first run compiles; each run writes a trace
         jax.block_until_ready(call(*args))

@@ -78,3 +78,18 @@ def test_unpaired_end_and_unknown_warpgroup_raise():
     kernel_trace.summarize({"traceEvents": region(1, "qk", 0, 1)[1:]}, 3, ROLES)
   with pytest.raises(ValueError, match="no role"):
     kernel_trace.summarize({"traceEvents": region(3, "issue", 0, 1)}, 3, {0: "consumer"})
+
+
+def test_the_profiled_build_gives_the_decode_the_profilers_settings():
+  """Within profiled_build the Mosaic decode's CompilerParams carry the profile space and
+  directory (with the decode's own settings); after it, the decode's are its own again."""
+  from jax_mla._src.pallas.mosaic import decode as mosaic_decode
+  settings = dict(profile_space=40, profile_dir="/tmp/regions")
+  plgpu = lambda: mosaic_decode._plgpu()  # pylint: disable=protected-access
+  with mosaic_regions.profiled_build(settings):
+    params = plgpu().CompilerParams(approx_math=True)
+    assert (params.profile_space, params.profile_dir, params.approx_math) == (
+        40, "/tmp/regions", True)
+    assert plgpu().Layout is not None  # the rest of the module passes through
+  params = plgpu().CompilerParams(approx_math=True)
+  assert (params.profile_space, params.profile_dir) == (0, "")

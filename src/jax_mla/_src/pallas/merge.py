@@ -20,10 +20,10 @@ from jax_mla._src import lse_merge
 
 MERGES = ("auto", "xla", "kernel")
 # merge="auto" takes the kernel from this many splits on. Measured on the H200 (2026-12-03,
-# benchmarks/merge_bench.py, since removed, GPU busy time per merge): XLA's passes took 3.8 / 4.2 / 8.9 us
-# for 8 / 16 / 32 splits of 128 rows (its reduction over the splits changes strategy past 16),
-# the kernel 4.5 / 4.8 / 6.1; with more sequences XLA wins (1.8 against 7.9 us for 32
-# sequences of 2 splits).
+# benchmarks/merge_bench.py, since removed, GPU busy time per merge): XLA's passes took 3.8 /
+# 4.2 / 8.9 us for 8 / 16 / 32 splits of 128 rows (its reduction over the splits changes
+# strategy past 16), the kernel 4.5 / 4.8 / 6.1; with more sequences XLA wins (1.8 against
+# 7.9 us for 32 sequences of 2 splits).
 KERNEL_MERGE_MIN_SPLITS = 32
 # merge_kernel's tile: 128 of the 512 columns, and as many rows as keep one program's load of
 # every split at about 4096 elements (16 KB), so the splits' loads are issued together rather

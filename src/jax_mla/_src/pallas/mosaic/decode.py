@@ -49,10 +49,6 @@ SPLIT_RULE = "waves"
 # relative error about 2^-22, far below bf16's): 3% faster on the H200 (2026-12-02, B 128,
 # K 2048: 419 us against 433).
 APPROX_MATH = True
-# Mosaic GPU profiler settings (profile_space, profile_dir) the kernel is built with: empty in
-# use; benchmarks/mosaic_regions.py sets them to time the kernel's named regions
-# (mosaic.kernel.region).
-PROFILE: dict = {}
 
 
 def _plgpu():
@@ -120,7 +116,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # kernel's stores are published by commit_smem before the barrier arrival that hands
       # them over (H200, 2026-12-04: 190.4 against 192.3 us at 128 heads B 128 K 2048).
       compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH,
-                                           unsafe_no_auto_barriers=True, **PROFILE),
+                                           unsafe_no_auto_barriers=True),
       num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
     *pallas_plan.pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)

@@ -58,8 +58,8 @@ REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
 
 def region(name):
   """A named region of a warpgroup's code (jax.named_scope): what the Mosaic GPU profiler times
-  when the kernel is built with a profile space (mosaic.decode.PROFILE,
-  benchmarks/mosaic_regions.py); without one it emits nothing."""
+  when the kernel is built with a profile space (benchmarks/mosaic_regions.py); without one it
+  emits nothing."""
   return jax.named_scope(name)
 
 
