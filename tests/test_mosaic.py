@@ -1,9 +1,11 @@
 """The Mosaic GPU kernel (NVIDIA Hopper) against the float64 oracle, and its lowering on the CPU.
 
-The kernel uses TMA, mbarriers and wgmma, which have no interpret mode: the oracle tests run on
-an sm90 GPU only (marked `gpu`; skipped with the reason elsewhere). What the CPU checks in CI is
-that the kernel lowers for CUDA (shapes, layouts, shared-memory budget, barriers) for every
-shape family the tests use.
+The oracle tests run in two modes: "hardware", on an sm90 GPU (marked `gpu`; skipped with the
+reason elsewhere), and "interpret", on any machine: Mosaic GPU's interpret mode runs the
+kernel's warpgroups as threads with race detection, its inline-IR leaves replaced by stand-ins
+(support/mosaic_interpret.py; paired CTAs, 128 heads, have none, so those shapes run on
+hardware only). The CPU also checks that the kernel lowers for CUDA (shapes, layouts,
+shared-memory budget, barriers) for every shape family the tests use.
 """
 
 import functools
@@ -17,6 +19,7 @@ import pytest
 
 from support.compare import assert_bf16_decode_close
 from support.gpu_export import export_for
+from support import mosaic_interpret
 from support.mosaic_tile import k_tile_kernel
 from jax_mla._src.pallas.mosaic import decode as md
 from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_keys
@@ -35,14 +38,55 @@ GPU = pytest.mark.skipif(not _hopper(), reason=f"needs an sm90 (Hopper) GPU; the
                          f"backend is {jax.default_backend()!r}")
 @functools.lru_cache(maxsize=None)
 def decoder(tokens_per_seq=1, num_kv_splits=None, return_lse=True):
-  return jax.jit(functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
-                                   num_kv_splits_=num_kv_splits, return_lse=return_lse))
+  return functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
+                           num_kv_splits_=num_kv_splits, return_lse=return_lse)
 
 
-def run(batch, num_kv_splits=None, return_lse=True):
+@functools.lru_cache(maxsize=None)
+def _jitted(fn):
+  return jax.jit(fn)
+
+
+def call(mode, monkeypatch, fn, *args):
+  """fn(*args): jitted on the GPU ("hardware"), or eagerly in Mosaic GPU's interpret mode."""
+  if mode == "hardware":
+    return _jitted(fn)(*args)
+  with mosaic_interpret.interpreted(monkeypatch):
+    return fn(*args)
+
+
+def run(mode, monkeypatch, batch, num_kv_splits=None, return_lse=True):
   args = [*batch.args()[:-1], batch.sink_array()]
-  out, lse = decoder(batch.tokens_per_seq, num_kv_splits, return_lse)(*args)
+  out, lse = call(mode, monkeypatch, decoder(batch.tokens_per_seq, num_kv_splits, return_lse),
+                  *args)
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
+
+
+_INTERPRET_OK, _INTERPRET_WHY = mosaic_interpret.available()
+INTERPRET = pytest.mark.skipif(not _INTERPRET_OK, reason=_INTERPRET_WHY)
+
+
+def paired(num_heads, tokens_per_seq):
+  """Whether the kernel pairs CTAs for this shape (an even number of 64-row blocks)."""
+  return -(-num_heads * tokens_per_seq // md.BLOCK_ROWS) % 2 == 0
+
+
+def modes(num_heads, tokens_per_seq, interpret=True):
+  """The modes a shape runs in: hardware always, interpret unless its CTAs pair (or not asked)."""
+  hardware = pytest.param("hardware", marks=[pytest.mark.gpu, GPU], id="hardware")
+  if paired(num_heads, tokens_per_seq) or not interpret:
+    return [hardware]
+  return [pytest.param("interpret", marks=INTERPRET, id="interpret"), hardware]
+
+
+def with_modes(shapes, interpret_only=None):
+  """(mode, *shape) parameters: each shape (its first two entries heads and tokens per sequence)
+  in the modes it runs in; interpret_only: the (heads, tokens) that interpret mode runs, if not
+  every unpaired one (it takes seconds per decode)."""
+  return [pytest.param(mode.values[0], *shape, marks=mode.marks, id=f"{mode.id}-{i}")
+          for i, shape in enumerate(shapes)
+          for mode in modes(*shape[:2], interpret=(interpret_only is None
+                                                   or tuple(shape[:2]) in interpret_only))]
 
 
 def abstract_args(batch):
@@ -71,26 +115,22 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
   assert ("jax_mla_merge_partials" in module) == (splits == 40)
 
 
-@pytest.mark.gpu
-@GPU
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
-def test_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits", with_modes(SHAPES))
+def test_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, monkeypatch):
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
   batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
                      pool_rows=4096, sink=0.3, extra_indices=7)
-  out, lse = run(batch, num_kv_splits=splits)
+  out, lse = run(mode, monkeypatch, batch, num_kv_splits=splits)
   check_against_oracle(batch, out, lse)
 
 
-@pytest.mark.gpu
-@GPU
 @pytest.mark.parametrize("pattern", ["random", "same", "last"])
-@pytest.mark.parametrize("num_heads", [64, 128])
-def test_repeated_and_unsorted_indices(pattern, num_heads):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq", with_modes([(64, 1), (128, 1)]))
+def test_repeated_and_unsorted_indices(pattern, mode, num_heads, tokens_per_seq, monkeypatch):
   rng = np.random.default_rng(len(pattern))
   batch = make_batch(rng, num_heads=num_heads, lengths=[70, 3, 129], sink=0.1,
                      index_pattern=pattern)
-  out, lse = run(batch, num_kv_splits=2)
+  out, lse = run(mode, monkeypatch, batch, num_kv_splits=2)
   check_against_oracle(batch, out, lse)
 
 
@@ -184,11 +224,10 @@ def test_float_copy_matches_numpy_bit_for_bit(dtype, first_row, num_valid):
   assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
-@pytest.mark.gpu
-@GPU
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
-def test_float_q_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits, q_dtype):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits", with_modes(SHAPES))
+def test_float_q_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, q_dtype,
+                                   monkeypatch):
   """Float Q (q_rope None) on one source: the oracle on the Q values the kernel computes with
   (bf16 as given, f32 rounded to bf16)."""
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
@@ -198,7 +237,8 @@ def test_float_q_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits, 
   q = np.asarray(jnp.asarray(values * (1 + 0.2 * rng.standard_normal(values.shape)),
                              jnp.dtype(q_dtype)))
   computed = np.asarray(jnp.asarray(jnp.asarray(q).astype(jnp.bfloat16), jnp.float32))
-  out, lse = decoder(tokens_per_seq, splits)(q, None, *batch.args()[2:-1], batch.sink_array())
+  out, lse = call(mode, monkeypatch, decoder(tokens_per_seq, splits), q, None,
+                  *batch.args()[2:-1], batch.sink_array())
   keys = token_keys(dequantize_rows(batch.kv, batch.kv_rope), batch.kv_indptr,
                     batch.kv_indices, q.shape[0], tokens_per_seq)
   want = oracle_attend(computed, keys, batch.sink, 1 / np.sqrt(512))
@@ -347,18 +387,17 @@ def test_the_kernel_gets_float_kv_only_for_float_pools(monkeypatch, forms, optio
   assert seen and all(s == option for s in seen), seen
 
 
-@pytest.mark.gpu
-@GPU
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
-def test_float_pool_matches_the_oracle(num_heads, tokens_per_seq, lengths, splits, dtype):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits", with_modes(SHAPES))
+def test_float_pool_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, dtype,
+                                       monkeypatch):
   """A float pool (kv_rope None) on one source: the oracle on the pool values the kernel
   computes with (bf16 as given, f32 rounded to bf16)."""
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
   batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
                      pool_rows=4096, sink=0.3, extra_indices=7)
   args, computed = float_pool_args(batch, dtype)
-  out, lse = decoder(tokens_per_seq, splits)(*args)
+  out, lse = call(mode, monkeypatch, decoder(tokens_per_seq, splits), *args)
   keys = token_keys(computed, batch.kv_indptr, batch.kv_indices, batch.q.shape[0],
                     tokens_per_seq)
   want = oracle_attend(dequantize_rows(batch.q, batch.q_rope), keys, batch.sink,

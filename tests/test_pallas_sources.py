@@ -8,7 +8,8 @@ The expected results come from the float64 oracle on one pool: the two pools con
 the second source's indices offset into the copy, each sequence's two lists joined. That path
 shares nothing with the kernels' split of a sequence's blocks between the sources. The Triton
 kernel runs in Pallas interpret mode (and compiled on a GPU: marked `gpu`); the Mosaic kernel is
-lowered for an H200 here and runs against the same oracle on an sm90 GPU (marked `gpu`).
+lowered for an H200 here and runs against the same oracle in Mosaic GPU's interpret mode
+(test_mosaic.py's modes: its CTAs unpaired) and on an sm90 GPU (marked `gpu`).
 """
 
 import dataclasses
@@ -26,7 +27,7 @@ from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_
 from support.rows import make_batch, poison_padding
 from jax_mla._src.pallas import backend as pallas_backend
 from jax_mla._src.pallas import triton as pd
-from test_mosaic import GPU as HOPPER
+from test_mosaic import call as mosaic_call, with_modes
 from test_pallas import MODES  # Pallas interpret mode, and compiled through Triton on a GPU
 
 # DeepSeek-V4's own scale is 1/sqrt(512) times a YaRN factor: not a power of two of the default.
@@ -292,33 +293,31 @@ def test_mosaic_lowers_two_sources_for_cuda(num_heads, tokens_per_seq, lengths_a
   assert ("jax_mla_merge_partials" in text) == (splits == 40)
 
 
-@pytest.mark.gpu
-@HOPPER
 @pytest.mark.parametrize("softmax_scale", [None, SCALE])
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
-def test_mosaic_two_sources_match_the_oracle(num_heads, tokens_per_seq, lengths_a, lengths_b,
-                                             splits, softmax_scale):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths_a,lengths_b,splits",
+                         with_modes(MOSAIC_SHAPES))
+def test_mosaic_two_sources_match_the_oracle(mode, num_heads, tokens_per_seq, lengths_a,
+                                             lengths_b, splits, softmax_scale, monkeypatch):
   sources = make_two_sources(np.random.default_rng(num_heads + tokens_per_seq),
                              num_heads=num_heads, tokens_per_seq=tokens_per_seq,
                              lengths_a=lengths_a, lengths_b=lengths_b, pool_a=4096,
                              pool_b=2048, sink=0.3)
-  out, lse = jax.jit(mosaic_decoder(tokens_per_seq, splits, softmax_scale))(
-      *sources.kernel_args(), *sources.extra())
+  out, lse = mosaic_call(mode, monkeypatch, mosaic_decoder(tokens_per_seq, splits, softmax_scale),
+                        *sources.kernel_args(), *sources.extra())
   check(as_f32(out), np.asarray(lse), oracle(sources, softmax_scale))
 
 
-@pytest.mark.gpu
-@HOPPER
 @pytest.mark.parametrize("sink", [None, np.inf])
-@pytest.mark.parametrize("num_heads", [64, 128])
-def test_mosaic_two_sources_edge_cases(num_heads, sink):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq", with_modes([(64, 1), (128, 1)]))
+def test_mosaic_two_sources_edge_cases(mode, num_heads, tokens_per_seq, sink, monkeypatch):
   """A NaN row in source B (its sequence only), +inf sinks, an empty second list."""
   rng = np.random.default_rng(11)
   sources = make_two_sources(rng, num_heads=num_heads, lengths_a=LENGTHS_A,
                              lengths_b=LENGTHS_B, sink=sink)
   if sink is None:
     sources.kv2[sources.kv_indices2[sources.kv_indptr2[4]], 448:450] = 0xFF
-  decode = jax.jit(mosaic_decoder(1, 2, None))
+  decode = functools.partial(mosaic_call, mode, monkeypatch,
+                             mosaic_decoder(tokens_per_seq, 2, None))
   out, lse = decode(*sources.kernel_args(), *sources.extra())
   out, lse = as_f32(out), np.asarray(lse)
   if sink is None:
@@ -535,34 +534,35 @@ def test_mosaic_float_q_copy_rejects_other_dtypes():
     gather.copy_consecutive(ref, 0, 64, None)
 
 
-@pytest.mark.gpu
-@HOPPER
 @pytest.mark.parametrize("softmax_scale", [None, SCALE])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
-def test_mosaic_float_q_matches_the_oracle(num_heads, tokens_per_seq, lengths_a, lengths_b,
-                                           splits, dtype, softmax_scale):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths_a,lengths_b,splits",
+                         with_modes(MOSAIC_SHAPES))
+def test_mosaic_float_q_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths_a, lengths_b,
+                                           splits, dtype, softmax_scale, monkeypatch):
   rng = np.random.default_rng(num_heads + tokens_per_seq)
   sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
                              lengths_a=lengths_a, lengths_b=lengths_b, pool_a=4096,
                              pool_b=2048, sink=rng.normal(size=num_heads).astype(np.float32))
   q = float_query(sources.batch, rng, dtype)
-  out, lse = jax.jit(mosaic_float_decoder(tokens_per_seq, splits, softmax_scale))(
-      *float_args(sources, q), *sources.extra())
+  out, lse = mosaic_call(mode, monkeypatch,
+                         mosaic_float_decoder(tokens_per_seq, splits, softmax_scale),
+                         *float_args(sources, q), *sources.extra())
   check(as_f32(out), np.asarray(lse), oracle(sources, softmax_scale, q=q))
 
 
-@pytest.mark.gpu
-@HOPPER
-@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
-def test_mosaic_float_q_edge_cases(num_heads, tokens_per_seq):
+# Interpret mode: 16 x 4 only (each case is about ten decodes).
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq",
+                         with_modes([(16, 4), (64, 1), (128, 1)], interpret_only=[(16, 4)]))
+def test_mosaic_float_q_edge_cases(mode, num_heads, tokens_per_seq, monkeypatch):
   """f32 Q bit for bit as its bf16 rounding; a NaN in one (token, head) of Q stays in that
   row; +inf and no sinks; the one-source kernel (no extra) with float Q."""
   rng = np.random.default_rng(28)
   sources = make_two_sources(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq,
                              lengths_a=LENGTHS_A, lengths_b=LENGTHS_B, sink=0.3)
   q = float_query(sources.batch, rng, "float32")
-  decode = jax.jit(mosaic_float_decoder(tokens_per_seq, 2, None))
+  decode = functools.partial(mosaic_call, mode, monkeypatch,
+                             mosaic_float_decoder(tokens_per_seq, 2, None))
   out, lse = decode(*float_args(sources, q), *sources.extra())
   out16, lse16 = decode(*float_args(sources, np.asarray(jnp.asarray(q).astype(jnp.bfloat16))),
                         *sources.extra())
@@ -585,9 +585,10 @@ def test_mosaic_float_q_edge_cases(num_heads, tokens_per_seq):
 
   from jax_mla._src.pallas.mosaic import decode as md  # pylint: disable=import-outside-toplevel
   batch = sources.batch
-  one = jax.jit(lambda q, *a: md.mosaic_decode(q, None, *a, tokens_per_seq=tokens_per_seq,
-                                               num_kv_splits_=1, softmax_scale=SCALE))
-  out, lse = one(q, *batch.args()[2:-1], batch.sink_array())
+  one = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=1,
+                          softmax_scale=SCALE)
+  out, lse = mosaic_call(mode, monkeypatch, one, q, None, *batch.args()[2:-1],
+                         batch.sink_array())
   check(as_f32(out), np.asarray(lse),
         values_oracle(computed_query(q), *batch.args()[2:], tokens_per_seq, SCALE))
 
@@ -892,31 +893,31 @@ def test_mosaic_lowers_float_pools_for_cuda(num_heads, tokens_per_seq, lengths_a
   assert ("jax_mla_merge_partials" in text) == (splits == 40)
 
 
-@pytest.mark.gpu
-@HOPPER
 @pytest.mark.parametrize("forms", POOL_FORMS, ids=POOL_IDS)
-@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths_a,lengths_b,splits", MOSAIC_SHAPES)
-def test_mosaic_float_pools_match_the_oracle(num_heads, tokens_per_seq, lengths_a, lengths_b,
-                                             splits, forms):
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths_a,lengths_b,splits",
+                         with_modes(MOSAIC_SHAPES))
+def test_mosaic_float_pools_match_the_oracle(mode, num_heads, tokens_per_seq, lengths_a,
+                                             lengths_b, splits, forms, monkeypatch):
   sources, _ = float_pool_sources(num_heads + tokens_per_seq, forms, num_heads=num_heads,
                                   tokens_per_seq=tokens_per_seq, lengths_a=lengths_a,
                                   lengths_b=lengths_b, pool_a=4096, pool_b=2048,
                                   sink=np.linspace(-1, 1, num_heads).astype(np.float32))
-  out, lse = jax.jit(mosaic_decoder(tokens_per_seq, splits, SCALE))(*sources.kernel_args(),
-                                                                     *sources.extra())
+  out, lse = mosaic_call(mode, monkeypatch, mosaic_decoder(tokens_per_seq, splits, SCALE),
+                         *sources.kernel_args(), *sources.extra())
   check(as_f32(out), np.asarray(lse), pools_oracle(sources, SCALE))
 
 
-@pytest.mark.gpu
-@HOPPER
-@pytest.mark.parametrize("num_heads,tokens_per_seq", [(16, 4), (64, 1), (128, 1)])
-def test_mosaic_float_pool_edge_cases(num_heads, tokens_per_seq):
+# Interpret mode: 16 x 4 only (each case is about ten decodes).
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq",
+                         with_modes([(16, 4), (64, 1), (128, 1)], interpret_only=[(16, 4)]))
+def test_mosaic_float_pool_edge_cases(mode, num_heads, tokens_per_seq, monkeypatch):
   """f32 pools bit for bit as their bf16 rounding; a NaN in a listed row stays in its
   sequence; +inf and no sinks; empty index lists; the one-source kernel with a float pool and
   float Q."""
   sources, rng = float_pool_sources(51, ("float32", "float32"), num_heads=num_heads,
                                     tokens_per_seq=tokens_per_seq)
-  decode = jax.jit(mosaic_decoder(tokens_per_seq, 2, None))
+  decode = functools.partial(mosaic_call, mode, monkeypatch,
+                             mosaic_decoder(tokens_per_seq, 2, None))
   out, lse = decode(*sources.kernel_args(), *sources.extra())
   rounded = dataclasses.replace(sources, batch=dataclasses.replace(sources.batch))
   rounded.batch.kv = np.asarray(jnp.asarray(sources.batch.kv).astype(jnp.bfloat16))
@@ -958,9 +959,9 @@ def test_mosaic_float_pool_edge_cases(num_heads, tokens_per_seq):
   kv, indices = float_pool(rng, batch.kv, batch.kv_rope, batch.kv_indptr, batch.kv_indices,
                            "bfloat16")
   q = float_query(batch, rng, "float32")
-  one = jax.jit(lambda q, kv, *a: md.mosaic_decode(q, None, kv, None, *a,
-                                                   tokens_per_seq=tokens_per_seq,
-                                                   num_kv_splits_=1, softmax_scale=SCALE))
-  out, lse = one(q, kv, batch.kv_indptr, indices, batch.sink_array())
+  one = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=1,
+                          softmax_scale=SCALE)
+  out, lse = mosaic_call(mode, monkeypatch, one, q, None, kv, None, batch.kv_indptr, indices,
+                         batch.sink_array())
   keys = token_keys(pool_values(kv, None), batch.kv_indptr, indices, q.shape[0], tokens_per_seq)
   check(as_f32(out), np.asarray(lse), oracle_attend(computed_query(q), keys, batch.sink, SCALE))

@@ -104,6 +104,17 @@ def rescale(acc, alpha):
   return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
 
+def accumulate_pv(acc, p, k_tiles, at):
+  """O + P V on the tensor cores, accumulated in place: O [64, 256] f32, P [64, 64] bf16 in
+  registers or a shared-memory ref, V the [64, 256] half k_tiles.at[at] of a K tile (V is K).
+  The view is taken inside the run_state: one made outside it does not lower."""
+  plgpu = _plgpu()
+
+  def run(acc_ref):
+    plgpu.wgmma(acc_ref, p, k_tiles.at[at])
+  return pl.run_state(run)(plgpu.ACC.init(acc))
+
+
 def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref, out_ref,
                   lse_ref, stage_smem=None):
   """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and

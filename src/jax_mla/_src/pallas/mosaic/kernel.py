@@ -249,12 +249,6 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     else:
       plgpu.barrier_wait(k_full.at[tile])
 
-  def pv(acc, p, tile, half):
-    """O[:, half] += P V[:, half]; p: bf16 in registers, or a shared-memory ref."""
-    def run(acc_ref):
-      plgpu.wgmma(acc_ref, p, k_smem.at[tile, half])
-    return pl.run_state(run)(plgpu.ACC.init(acc))
-
   def write_half(acc, m_i, l_i, half):
     stage = q_smem.at[half] if num_splits == 1 else None
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
@@ -287,7 +281,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         plgpu.commit_smem()  # P, before warpgroup 1's wgmma reads it
         plgpu.barrier_arrive(s_full)
       with region("pv"):
-        acc = pv(mosaic_consumer.rescale(acc, alpha), p, tile, 0)
+        acc = mosaic_consumer.accumulate_pv(mosaic_consumer.rescale(acc, alpha), p, k_smem,
+                                            (tile, 0))
       return acc, m_i, l_i
 
     def step(i, carry):
@@ -332,7 +327,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         plgpu.barrier_wait(s_full)
       with region("pv"):
         alpha = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
-        acc = pv(mosaic_consumer.rescale(acc, alpha), p_smem, tile, 1)
+        acc = mosaic_consumer.accumulate_pv(mosaic_consumer.rescale(acc, alpha), p_smem,
+                                            k_smem, (tile, 1))
       plgpu.barrier_arrive(s_free)  # P and the factors may be replaced
       plgpu.barrier_arrive(k_free.at[tile])
       return acc

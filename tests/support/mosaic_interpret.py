@@ -1,0 +1,196 @@
+"""The Mosaic GPU kernel on the CPU: Mosaic GPU's interpret mode runs its warpgroups as threads
+over simulated shared memory and mbarriers, with race detection. What it cannot run is the
+kernel's inline Mosaic IR (plgpu.inline_mgpu: the producer's per-thread loads and fp8
+conversions, the softmax's lane shuffles, a pair's cluster barriers) and a wgmma whose A
+operand is in registers. `interpreted` replaces those leaves with stand-ins written in
+Pallas and jnp, to the same contracts; everything else (the roles, their barriers and tile
+phases, the split plan, the masks, the softmax, the epilogues and the merge) is the kernel's
+own code. So a missing wait or arrival, a wrong tile or phase, or a block given to the wrong
+step fails here, on any machine; the leaves are checked bit for bit on an H200
+(tests/test_mosaic*.py, marked `gpu`). Paired CTAs (128 heads) have no stand-in: their
+st.async writes into the peer's tile are not Pallas operations.
+
+The pipelined gather's stand-in keeps the kernel's contract for the loads it carries: what
+`gather_issue` or a `gather_step` returns holds the pool rows of the next block's first
+CARRIED_GROUPS row groups, and the step that converts that block uses them, so a block
+handed the wrong carried loads gets the wrong rows (and a row the carry says is absent but
+the block says is valid turns NaN).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mla._src import layout
+from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
+from jax_mla._src.pallas.mosaic import gather as mosaic_gather
+
+BLOCK = mosaic_gather.BLOCK_ROWS
+# A deadlock leaves the interpreter's threads waiting forever: dump every thread's stack and
+# end the process instead (pytest-xdist reports the crashed test).
+DEADLOCK_TIMEOUT_S = 600
+
+
+def available() -> tuple[bool, str]:
+  """(whether this jax has Mosaic GPU's interpret mode, why not)."""
+  try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    return False, f"jax.experimental.pallas.mosaic_gpu does not import: {e}"
+  if not hasattr(plgpu, "force_gpu_interpret_mode"):
+    return False, f"jax {jax.__version__} has no Mosaic GPU interpret mode"
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
+    # Its interpreter requires every warpgroup to observe every phase of every barrier; the
+    # producer never waits for its last tiles' release (nor need it, on the hardware).
+    return False, f"jax {jax.__version__}'s Mosaic GPU interpreter needs 0.12 for this kernel"
+  return True, ""
+
+
+def _carried_rows():
+  """The block rows (0..63) whose loads the unpaired producer carries into the next step."""
+  return [mosaic_gather.block_row(warp, group, row)
+          for warp in range(4) for group in range(mosaic_gather.CARRIED_GROUPS[False])
+          for row in range(mosaic_gather.ROWS_PER_LOAD)]
+
+
+ROWS_PER_WARP = BLOCK // 4
+CARRIED_PER_WARP = mosaic_gather.CARRIED_GROUPS[False] * mosaic_gather.ROWS_PER_LOAD
+
+
+def slot_of(r):
+  """Block row r's place in _carried_rows(), or -1 (arithmetic: a kernel captures no array)."""
+  warp, in_warp = r // ROWS_PER_WARP, r % ROWS_PER_WARP
+  return jnp.where(in_warp < CARRIED_PER_WARP, warp * CARRIED_PER_WARP + in_warp, -1)
+
+
+def _values(kv_ref, rope_ref, row):
+  """Pool row `row` as bf16 [1, 512]: dequantized (packed) or rounded (float rows)."""
+  if rope_ref is None:
+    return kv_ref[pl.ds(row, 1), :].astype(jnp.bfloat16)
+  return layout.unpack_rows(kv_ref[pl.ds(row, 1), :], rope_ref[pl.ds(row, 1), :],
+                            jnp.bfloat16)
+
+
+def _store(tile, r, values):
+  tile[0, pl.ds(r, 1), :] = values[:, :mosaic_gather.HALF]
+  tile[1, pl.ds(r, 1), :] = values[:, mosaic_gather.HALF:]
+
+
+def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
+  """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it, and row_of is not
+  called there (the kernel reads no index past a block's valid rows)."""
+  def body(r, _):
+    values = lax.cond(r < num_valid, lambda: _values(kv_ref, rope_ref, row_of(r)),
+                      lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
+    _store(tile, r, values)
+  lax.fori_loop(0, BLOCK, body, None)
+
+
+def _listed(idx_ref, num_rows, clamp):
+  def row_of(r):
+    row = idx_ref[r]
+    return jnp.clip(row, 0, num_rows - 1) if clamp else row
+  return row_of
+
+
+def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
+  _fill(rows_ref, rope_ref, lambda r: first_row + r, num_valid, smem)
+
+
+def copy_consecutive(rows_ref, first_row, num_valid, smem):
+  _fill(rows_ref, None, lambda r: first_row + r, num_valid, smem)
+
+
+def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
+  assert pair is None, "paired CTAs have no interpret-mode stand-in"
+  _fill(kv_ref, None, _listed(idx_ref, kv_ref.shape[0], clamp), num_valid, k_smem)
+
+
+def _issue(idx_ref, num_rows, num_valid, clamp):
+  """The carried loads of a block: its carried rows' pool rows, -1 where invalid."""
+  row_of = _listed(idx_ref, num_rows, clamp)
+  rows = [lax.cond(r < num_valid, lambda r=r: row_of(r), lambda: jnp.int32(-1))
+          for r in _carried_rows()]
+  carried = jnp.zeros(mosaic_gather.carried_type(False).shape, jnp.int32)
+  return carried.at[:len(rows)].set(jnp.stack(rows))
+
+
+def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
+  del rope_ref
+  assert rank is None, "paired CTAs have no interpret-mode stand-in"
+  return _issue(idx_ref, kv_ref.shape[0], num_valid, clamp)
+
+
+def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
+                carried, *, clamp=False, pair=None):
+  assert pair is None, "paired CTAs have no interpret-mode stand-in"
+  listed = _listed(idx_ref, kv_ref.shape[0], clamp)
+
+  def body(r, _):
+    slot = slot_of(r)
+
+    def valid_row():
+      row = lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
+      values = _values(kv_ref, rope_ref, jnp.maximum(row, 0))
+      # The carry says "no row" where the block has one: loads handed to the wrong block.
+      return jnp.where(row < 0, jnp.nan, values).astype(jnp.bfloat16)
+    values = lax.cond(r < num_valid, valid_row,
+                      lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
+    _store(k_smem, r, values)
+  lax.fori_loop(0, BLOCK, body, None)
+  return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp)
+
+
+def running_max(s, m_i):
+  """consumer.running_max's contract per row (the kernel decides per warp of 16 rows; any m that
+  no score passes by more than MAX_SLACK_LOG2 gives the same result)."""
+  row_max = s.max(axis=1)
+  passed = ~(row_max <= m_i + mosaic_consumer.MAX_SLACK_LOG2)  # NaN passes
+  return jnp.where(passed, jnp.maximum(m_i, row_max), m_i)
+
+
+def row_sum(x, *, lanes):
+  """consumer._row_sum's contract, each row summed at once (lanes: nothing left to add)."""
+  del lanes
+  return x.sum(axis=1) if x.ndim == 2 else x
+
+
+def accumulate_pv(acc, p, k_tiles, at):
+  """consumer.accumulate_pv: the interpreter's wgmma takes no operand from registers."""
+  if not isinstance(p, jax.Array):
+    p = p[...]
+  return acc + jnp.dot(p.astype(jnp.float32), k_tiles.at[at][...].astype(jnp.float32))
+
+
+STAND_INS = [
+    (mosaic_gather, "gather_consecutive", gather_consecutive),
+    (mosaic_gather, "copy_consecutive", copy_consecutive),
+    (mosaic_gather, "gather_float", gather_float),
+    (mosaic_gather, "gather_issue", gather_issue),
+    (mosaic_gather, "gather_step", gather_step),
+    (mosaic_consumer, "running_max", running_max),
+    (mosaic_consumer, "_row_sum", row_sum),
+    (mosaic_consumer, "accumulate_pv", accumulate_pv),
+]
+
+
+@contextlib.contextmanager
+def interpreted(monkeypatch, *, detect_races=True):
+  """Within it, mosaic.decode's kernel (called eagerly, not under jit) runs in Mosaic GPU's
+  interpret mode with the stand-ins; a race fails the call, a deadlock the process."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  for module, name, stand_in in STAND_INS:
+    monkeypatch.setattr(module, name, stand_in)
+  faulthandler.dump_traceback_later(DEADLOCK_TIMEOUT_S, exit=True)
+  try:
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=detect_races)):
+      yield
+  finally:
+    faulthandler.cancel_dump_traceback_later()
