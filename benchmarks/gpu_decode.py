@@ -15,16 +15,17 @@ them as two commands (`full` does not fit one 10-minute device command). With --
 and three implementations (2026-12-03) h128 took 227 s, h64 about 230 and h16x4 271.
 
 Timing: each measurement is one jitted `lax.fori_loop` of `--steps` decode calls whose KV
-indices change every step (`(indices + step * 4099) & 65535`, a permutation of the pool, so no
-call is loop-invariant), timed with a host clock around `block_until_ready`, divided by the
-steps. The loop step's own cost (the index update, the loop, the kept output element)
-is measured alone ("idx upd" column: 13-25 us per step on the H200) and NOT subtracted: small
-shapes are dominated by it, for every implementation alike. Implementations are interleaved
+indices change every step (timing/call_loop.py: `(indices + step * 4099) & 65535`, a
+permutation of the pool, so no call is loop-invariant; each call's output the loop's carry),
+timed with a host clock around `block_until_ready`, divided by the steps. The loop step's own
+cost (the index update and the loop) is measured alone ("idx upd" column: 13-25 us per step on
+the H200 by the host clock) and NOT subtracted: small shapes are dominated by it, for every
+implementation alike. Implementations are interleaved
 within each round; the result is the median over rounds. With `--timing profiler` each round
 instead runs the loop once under the JAX profiler and takes the time in which the GPU's
 streams ran anything, per step (benchmarks/timing/device_time.py): the gaps between the loop's
-iterations drop out, its index update and kept element stay (about 1.7 us per step on the
-H200, against 13-25 us of host-clock gaps). Its rounds agreed within 1% on the H200
+iterations drop out, its index update stays (until 2026-12-04 with a kept output element: about
+1.7 us per step on the H200 together, against 13-25 us of host-clock gaps). Its rounds agreed within 1% on the H200
 (2026-12-03). `--kernels` adds each implementation's device time per call by kernel name.
 
 Counted work: FLOPs = 2 * T * H * K * (512 + 512); bytes that must move = q rows (512 + 128) +
@@ -53,7 +54,7 @@ import numpy as np
 import jax_mla
 from jax_mla._src import layout
 from jax_mla._src.pallas import triton as pd
-from timing import device_time
+from timing import call_loop, device_time
 
 POOL = 65536
 INTERPRET = False
@@ -146,18 +147,9 @@ MOSAIC_IMPLS = ("mosaic",)
 
 
 def looped(f, steps):
-  """steps calls of f inside one jitted fori_loop; the indices change every step. (An unrolled
-  version measured the same on the H200, 2026-12-02, and compiles `steps` times slower.)"""
-  @jax.jit
-  def run(p):
-    def body(i, carry):
-      acc, idx0 = carry
-      idx = (idx0 + i * 4099) & (POOL - 1)
-      out = f(p, idx)
-      # Keep one element of every output live so no call is dead code.
-      return acc + out.reshape(-1)[0].astype(jnp.float32), idx0
-    return jax.lax.fori_loop(0, steps, body, (jnp.float32(0), p["indices"]))[0]
-  return run
+  """steps calls of f(p, indices) in one jitted loop (timing.call_loop), the indices moved on
+  every call."""
+  return call_loop.looped(lambda i, p: f(p, call_loop.moved(p["indices"], i, POOL)), steps)
 
 
 def time_once(run, p, steps):

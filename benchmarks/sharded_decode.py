@@ -34,6 +34,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_mla
 from jax_mla import sharding as jms
+from timing import call_loop
 
 
 def make_device_problem(key, *, batch, heads, kv_len, pool):
@@ -61,21 +62,14 @@ def merged(shares, pool):
 
 
 def looped(decode, steps, pool):
-  """steps calls of decode in one jitted loop; the indices move within each pool every step."""
-  @jax.jit
-  def run(args, sink):
+  """steps calls of decode in one jitted loop (timing.call_loop); the indices move within each
+  pool every step: a multiple of the pool's size stays added, so no index crosses a pool
+  boundary (the same pools' rows, as in the sharded layout)."""
+  def call(i, args, sink):
     q, q_rope, kv, kv_rope, indptr, indices = args
-
-    def body(i, acc):
-      # Adding a multiple of the pool size moves no index across a pool boundary: the same
-      # pool rows, as in the sharded layout, so no call is loop-invariant.
-      moved = (indices % pool + i * 4099) % pool + (indices // pool) * pool
-      out, _ = decode(q, q_rope, kv, kv_rope, indptr, moved, sink)
-      # One element of every token's output stays live; per token, so that the sharded loop
-      # needs no collective.
-      return acc + out[:, 0, 0].astype(jnp.float32)
-    return jax.lax.fori_loop(0, steps, body, jnp.zeros(q.shape[:1], jnp.float32))
-  return run
+    moved = call_loop.moved(indices % pool, i, pool) + (indices // pool) * pool
+    return decode(q, q_rope, kv, kv_rope, indptr, moved, sink)[0]
+  return call_loop.looped(call, steps)
 
 
 def time_per_call(run, args, sink, steps):

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_mla
-from timing import device_time
+from timing import call_loop, device_time
 
 POOL = 65536
 
@@ -84,17 +84,11 @@ def decode_kernel_us(kernels):
 
 
 def looped(f, steps):
-  @jax.jit
-  def run(p):
-    def body(i, carry):
-      acc, topk0, window0 = carry
-      topk_idx = (topk0 + i * 4099) & (POOL - 1)
-      window_idx = (window0 + i * 4099) & (POOL - 1)
-      out = f(p, topk_idx, window_idx)
-      return acc + out.reshape(-1)[0].astype(jnp.float32), topk0, window0
-    return jax.lax.fori_loop(0, steps, body,
-                             (jnp.float32(0), p["topk_idx"], p["window_idx"]))[0]
-  return run
+  """steps calls of f(p, topk_idx, window_idx) in one jitted loop (timing.call_loop), both
+  index lists moved on every call."""
+  return call_loop.looped(
+      lambda i, p: f(p, call_loop.moved(p["topk_idx"], i, POOL),
+                     call_loop.moved(p["window_idx"], i, POOL)), steps)
 
 
 def main():

@@ -42,7 +42,9 @@ import tempfile
 
 import numpy as np
 
-POOL, BLOCK, STEPS, ROUNDS, STRIDE = 65536, 64, 30, 3, 4099
+from timing.call_loop import STRIDE
+
+POOL, BLOCK, STEPS, ROUNDS = 65536, 64, 30, 3
 HEADS_BATCHES_K = [(h, b, k) for h in (128, 64) for b in (1, 8, 32, 64, 128)
                    for k in (512, 1024, 2048)]
 # (heads, tokens_per_seq) FlashMLA does not serve: against plain XLA at batch >= 32.
@@ -87,21 +89,11 @@ def make_pool(pool_dir):
 
 
 def looped(f):
-  """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop, the indices
-  (first + call * STRIDE) mod POOL. Each call's output is the loop's carry (the next call
-  replaces it, the last is returned), so every call stays live and the loop adds no kernel of
-  its own besides the index update. (Until 2026-12-04 the loop added one element of each
-  output to a sum, a small kernel per call that the net time kept.)"""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-
-  @jax.jit
-  def run(q, q_rope, idx0, sink):
-    def call(i):
-      return f(q, q_rope, (idx0 + i * STRIDE) & (POOL - 1), sink)
-    out = jax.eval_shape(call, 0)
-    return jax.lax.fori_loop(0, STEPS, lambda i, _: call(i), jnp.zeros(out.shape, out.dtype))
-  return run
+  """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop (timing.call_loop), the indices
+  moved on by STRIDE every call."""
+  from timing import call_loop  # pylint: disable=import-outside-toplevel
+  return call_loop.looped(
+      lambda i, q, q_rope, idx0, sink: f(q, q_rope, call_loop.moved(idx0, i, POOL), sink), STEPS)
 
 
 def index_update(q, q_rope, idx, sink):

@@ -1,5 +1,6 @@
 """The benchmarks' timing library (not part of jax_mla).
 
+- call_loop: the timed loop of decode calls (indices moved every call, outputs carried).
 - device_time: GPU busy time of a call from a profiler trace, in total and by kernel.
 - kernel_trace: summaries of Mosaic GPU profiler traces (time per warpgroup role and region).
 - timing_stats: medians of two sets of timings and a two-sided significance test.
