@@ -18,12 +18,16 @@ from test_mosaic import INTERPRET, check_against_oracle, decoder
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 
 
-def test_carried_slots_follow_the_producers_row_groups():
-  rows = mosaic_interpret._carried_rows()  # pylint: disable=protected-access
-  slots = [int(mosaic_interpret.slot_of(r)) for r in range(mosaic_gather.BLOCK_ROWS)]
+@pytest.mark.parametrize("rank", [None, 0, 1])
+def test_carried_slots_follow_the_producers_row_groups(rank):
+  """Unpaired (rank None): each warp's first row groups; paired: every row of the CTA's half."""
+  rows = mosaic_interpret._carried_rows(rank)  # pylint: disable=protected-access
+  slots = [int(mosaic_interpret.slot_of(r, rank)) for r in range(mosaic_gather.BLOCK_ROWS)]
   assert sorted(s for s in slots if s >= 0) == list(range(len(rows)))
   assert all(rows[s] == r for r, s in enumerate(slots) if s >= 0)
   assert slots.count(-1) == mosaic_gather.BLOCK_ROWS - len(rows)
+  if rank is not None:
+    assert sorted(rows) == list(range(32 * rank, 32 * rank + 32))
 
 
 def _batch():

@@ -1,20 +1,21 @@
 """The Mosaic GPU kernel on the CPU: Mosaic GPU's interpret mode runs its warpgroups as threads
 over simulated shared memory and mbarriers, with race detection. What it cannot run is the
 kernel's inline Mosaic IR (plgpu.inline_mgpu: the producer's per-thread loads and fp8
-conversions, the softmax's lane shuffles, a pair's cluster barriers) and a wgmma whose A
-operand is in registers. `interpreted` replaces those leaves with stand-ins written in
-Pallas and jnp, to the same contracts; everything else (the roles, their barriers and tile
-phases, the split plan, the masks, the softmax, the epilogues and the merge) is the kernel's
-own code. So a missing wait or arrival, a wrong tile or phase, or a block given to the wrong
-step fails here, on any machine; the leaves are checked bit for bit on an H200
-(tests/test_mosaic*.py, marked `gpu`). Paired CTAs (128 heads) have no stand-in: their
-st.async writes into the peer's tile are not Pallas operations.
+conversions, the softmax's lane shuffles, a pair's PTX barriers and st.async into the peer),
+barriers shared across a cluster, a wgmma whose A operand is in registers, and the
+Triton-style merge kernel. `interpreted` replaces those with stand-ins written in Pallas and
+jnp, to the same contracts (pair_stand_ins says what the paired model leaves out);
+everything else (the roles, their barriers and tile phases, the split plan, the masks, the
+softmax, the epilogues and the merges) is the kernel's own code. So a missing wait or arrival,
+a wrong tile or phase, or a block given to the wrong step or rows to the wrong CTA fails here,
+on any machine; the leaves are checked bit for bit on an H200 (tests/test_mosaic*.py, marked
+`gpu`).
 
 The pipelined gather's stand-in keeps the kernel's contract for the loads it carries: what
-`gather_issue` or a `gather_step` returns holds the pool rows of the next block's first
-CARRIED_GROUPS row groups, and the step that converts that block uses them, so a block
-handed the wrong carried loads gets the wrong rows (and a row the carry says is absent but
-the block says is valid turns NaN).
+`gather_issue` or a `gather_step` returns holds the pool rows of the next block's carried row
+groups, and the step that converts that block uses them, so a block handed the wrong carried
+loads gets the wrong rows (and a row the carry says is absent but the block says is valid
+turns NaN).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
+from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
+from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 
 BLOCK = mosaic_gather.BLOCK_ROWS
 # A deadlock leaves the interpreter's threads waiting forever: dump every thread's stack and
@@ -53,21 +56,24 @@ def available() -> tuple[bool, str]:
   return True, ""
 
 
-def _carried_rows():
-  """The block rows (0..63) whose loads the unpaired producer carries into the next step."""
-  return [mosaic_gather.block_row(warp, group, row)
-          for warp in range(4) for group in range(mosaic_gather.CARRIED_GROUPS[False])
+def _carried_rows(rank=None):
+  """The block rows (0..63) whose loads the producer carries into the next step: unpaired, the
+  first CARRIED_GROUPS row groups of each warp; paired, every row of its CTA's half."""
+  paired = rank is not None
+  return [mosaic_gather.block_row(warp, group, row, rank)
+          for warp in range(4) for group in range(mosaic_gather.CARRIED_GROUPS[paired])
           for row in range(mosaic_gather.ROWS_PER_LOAD)]
 
 
-ROWS_PER_WARP = BLOCK // 4
-CARRIED_PER_WARP = mosaic_gather.CARRIED_GROUPS[False] * mosaic_gather.ROWS_PER_LOAD
-
-
-def slot_of(r):
-  """Block row r's place in _carried_rows(), or -1 (arithmetic: a kernel captures no array)."""
-  warp, in_warp = r // ROWS_PER_WARP, r % ROWS_PER_WARP
-  return jnp.where(in_warp < CARRIED_PER_WARP, warp * CARRIED_PER_WARP + in_warp, -1)
+def slot_of(r, rank=None):
+  """Block row r's place in _carried_rows(rank), or -1 (arithmetic: a kernel captures no
+  array constant)."""
+  paired = rank is not None
+  per_warp = BLOCK // (8 if paired else 4)
+  carried = mosaic_gather.CARRIED_GROUPS[paired] * mosaic_gather.ROWS_PER_LOAD
+  x = r - (rank * (BLOCK // 2) if paired else 0)
+  inside = (x >= 0) & (x < 4 * per_warp) & (x % per_warp < carried)
+  return jnp.where(inside, x // per_warp * carried + x % per_warp, -1)
 
 
 def _values(kv_ref, rope_ref, row):
@@ -109,32 +115,33 @@ def copy_consecutive(rows_ref, first_row, num_valid, smem):
 
 
 def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
-  assert pair is None, "paired CTAs have no interpret-mode stand-in"
+  del pair  # paired: the whole block into this CTA's tile (see pair_stand_ins)
   _fill(kv_ref, None, _listed(idx_ref, kv_ref.shape[0], clamp), num_valid, k_smem)
 
 
-def _issue(idx_ref, num_rows, num_valid, clamp):
+def _issue(idx_ref, num_rows, num_valid, clamp, rank):
   """The carried loads of a block: its carried rows' pool rows, -1 where invalid."""
   row_of = _listed(idx_ref, num_rows, clamp)
   rows = [lax.cond(r < num_valid, lambda r=r: row_of(r), lambda: jnp.int32(-1))
-          for r in _carried_rows()]
-  carried = jnp.zeros(mosaic_gather.carried_type(False).shape, jnp.int32)
+          for r in _carried_rows(rank)]
+  carried = jnp.zeros(mosaic_gather.carried_type(rank is not None).shape, jnp.int32)
   return carried.at[:len(rows)].set(jnp.stack(rows))
 
 
 def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
   del rope_ref
-  assert rank is None, "paired CTAs have no interpret-mode stand-in"
-  return _issue(idx_ref, kv_ref.shape[0], num_valid, clamp)
+  return _issue(idx_ref, kv_ref.shape[0], num_valid, clamp, rank)
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
                 carried, *, clamp=False, pair=None):
-  assert pair is None, "paired CTAs have no interpret-mode stand-in"
+  """Paired (pair = (rank, ready, tile)): the whole block into this CTA's tile, its own half
+  from the carried loads (see pair_stand_ins)."""
+  rank = None if pair is None else pair[0]
   listed = _listed(idx_ref, kv_ref.shape[0], clamp)
 
   def body(r, _):
-    slot = slot_of(r)
+    slot = slot_of(r, rank)
 
     def valid_row():
       row = lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
@@ -145,7 +152,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
                       lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
     _store(k_smem, r, values)
   lax.fori_loop(0, BLOCK, body, None)
-  return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp)
+  return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
 
 def running_max(s, m_i):
@@ -169,6 +176,51 @@ def accumulate_pv(acc, p, k_tiles, at):
   return acc + jnp.dot(p.astype(jnp.float32), k_tiles.at[at][...].astype(jnp.float32))
 
 
+def pair_stand_ins(plgpu):
+  """Paired CTAs (mosaic.pair): the interpreter has no st.async into the peer's shared memory
+  and no barriers shared across a cluster, so each CTA's producer gathers the whole block into
+  its own tile (gather_step, gather_float) and the pair's barriers become each CTA's own:
+  `ready` a barrier the producer arrives on, k_free one its two consumers arrive on. What stays
+  the kernel's: the cluster grid, each CTA's rows (its rank), its half of the carried loads,
+  and the roles' order of waits and arrivals on those barriers. Not covered: the bytes that
+  cross to the peer, and each CTA waiting for the other's consumers before refilling."""
+  def ready_barriers(num_tiles):
+    return plgpu.Barrier(num_arrivals=1, num_barriers=num_tiles)
+
+  def arrive_filled(ready_ref, tile):
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(ready_ref.at[tile])
+
+  def wait_filled(ready_ref, tile, parity):
+    del parity  # the interpreter tracks each waiter's phase itself
+    plgpu.barrier_wait(ready_ref.at[tile])
+
+  def cluster_barrier(*, collective_axes, num_arrivals=1, num_barriers=1, **kwargs):
+    del collective_axes, kwargs
+    return plgpu.Barrier(num_arrivals=num_arrivals, num_barriers=num_barriers)
+
+  return [
+      (mosaic_pair, "ready_barriers", ready_barriers),
+      (mosaic_pair, "init_ready_barriers", lambda ready_ref: None),
+      (mosaic_pair, "arrive_filled", arrive_filled),
+      (mosaic_pair, "wait_filled", wait_filled),
+      (mosaic_pair, "cluster_sync", lambda: None),
+      (plgpu, "ClusterBarrier", cluster_barrier),
+  ]
+
+
+def merge_stand_in(plgpu):
+  """The merge kernel (from pallas.merge.KERNEL_MERGE_MIN_SPLITS splits) is Triton-style Pallas,
+  which Mosaic GPU's interpreter does not run: it runs in Pallas's own interpret mode."""
+  kernel = pallas_merge.merge_kernel
+
+  def merge_kernel(*args, interpret=False, **kwargs):
+    del interpret
+    with plgpu.force_gpu_interpret_mode(None):
+      return kernel(*args, interpret=True, **kwargs)
+  return [(pallas_merge, "merge_kernel", merge_kernel)]
+
+
 STAND_INS = [
     (mosaic_gather, "gather_consecutive", gather_consecutive),
     (mosaic_gather, "copy_consecutive", copy_consecutive),
@@ -186,7 +238,7 @@ def interpreted(monkeypatch, *, detect_races=True):
   """Within it, mosaic.decode's kernel (called eagerly, not under jit) runs in Mosaic GPU's
   interpret mode with the stand-ins; a race fails the call, a deadlock the process."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  for module, name, stand_in in STAND_INS:
+  for module, name, stand_in in STAND_INS + pair_stand_ins(plgpu) + merge_stand_in(plgpu):
     monkeypatch.setattr(module, name, stand_in)
   faulthandler.dump_traceback_later(DEADLOCK_TIMEOUT_S, exit=True)
   try:
