@@ -20,12 +20,12 @@ permutation of the pool, so no call is loop-invariant; each call's output the lo
 timed with a host clock around `block_until_ready`, divided by the steps. The loop step's own
 cost (the index update and the loop) is measured alone ("idx upd" column: 13-25 us per step on
 the H200 by the host clock) and NOT subtracted: small shapes are dominated by it, for every
-implementation alike. Implementations are interleaved
-within each round; the result is the median over rounds. With `--timing profiler` each round
-instead runs the loop once under the JAX profiler and takes the time in which the GPU's
-streams ran anything, per step (benchmarks/timing/device_time.py): the gaps between the loop's
-iterations drop out, its index update stays (until 2026-12-04 with a kept output element: about
-1.7 us per step on the H200 together, against 13-25 us of host-clock gaps). Its rounds agreed within 1% on the H200
+implementation alike. Implementations are interleaved within each round; the result is the
+median over rounds. With `--timing profiler` each round instead runs the loop once under the
+JAX profiler and takes the time in which the GPU's streams ran anything, per step
+(benchmarks/timing/device_time.py): the gaps between the loop's iterations drop out, its index
+update stays (until 2026-12-04 with a kept output element: about 1.7 us per step on the H200
+together, against 13-25 us of host-clock gaps). Its rounds agreed within 1% on the H200
 (2026-12-03). `--kernels` adds each implementation's device time per call by kernel name.
 
 Counted work: FLOPs = 2 * T * H * K * (512 + 512); bytes that must move = q rows (512 + 128) +

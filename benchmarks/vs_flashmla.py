@@ -42,7 +42,7 @@ import tempfile
 
 import numpy as np
 
-from timing.call_loop import STRIDE
+from timing import call_loop
 
 POOL, BLOCK, STEPS, ROUNDS = 65536, 64, 30, 3
 HEADS_BATCHES_K = [(h, b, k) for h in (128, 64) for b in (1, 8, 32, 64, 128)
@@ -90,8 +90,7 @@ def make_pool(pool_dir):
 
 def looped(f):
   """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop (timing.call_loop), the indices
-  moved on by STRIDE every call."""
-  from timing import call_loop  # pylint: disable=import-outside-toplevel
+  moved on by call_loop.STRIDE every call."""
   return call_loop.looped(
       lambda i, q, q_rope, idx0, sink: f(q, q_rope, call_loop.moved(idx0, i, POOL), sink), STEPS)
 
@@ -197,7 +196,7 @@ def time_flashmla(flash_shapes, pool_dir):
     q = torch.from_numpy(data["q"]).to(torch.bfloat16).cuda().reshape(batch, 1, heads, 512)
     sink = torch.from_numpy(data["sink"]).cuda()
     first = torch.from_numpy(data["indices"]).cuda()
-    idx = [((first + i * STRIDE) & (POOL - 1)).reshape(batch, 1, k).contiguous()
+    idx = [((first + i * call_loop.STRIDE) & (POOL - 1)).reshape(batch, 1, k).contiguous()
            for i in range(STEPS)]
     meta, _ = flash_mla.get_mla_metadata()
     call = lambda i: flash_mla.flash_mla_with_kvcache(  # pylint: disable=cell-var-from-loop

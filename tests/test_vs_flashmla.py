@@ -4,6 +4,7 @@
 import pytest
 
 import vs_flashmla
+from timing import call_loop
 
 
 def test_flash_and_others_are_the_two_halves_of_all():
@@ -38,7 +39,7 @@ def test_the_timed_loop_runs_the_public_decode_with_changing_indices():
   call = jax.jit(vs_flashmla.decode_call(kv, kv_rope, 1, "reference"))
   got = np.asarray(vs_flashmla.looped(call)(*args), np.float32)
   assert got.shape == (2, 16, 512) and np.isfinite(got).all()
-  moved = lambda i: (args[2] + i * vs_flashmla.STRIDE) & (vs_flashmla.POOL - 1)
+  moved = lambda i: (args[2] + i * call_loop.STRIDE) & (vs_flashmla.POOL - 1)
   last = np.asarray(call(*args[:2], moved(vs_flashmla.STEPS - 1), args[3]), np.float32)
   one_rounding = lambda a, b: np.all(np.abs(a - b) <= 2.0**-8 * np.abs(b) + 1e-6)
   assert one_rounding(got, last)

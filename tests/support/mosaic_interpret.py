@@ -91,9 +91,16 @@ def _store(tile, r, values):
 
 def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
   """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it, and row_of is not
-  called there (the kernel reads no index past a block's valid rows)."""
+  called there (the kernel reads no index past a block's valid rows). A negative row (a
+  carried load that says "no row" where the block has one: loads handed to the wrong block)
+  is stored as NaN."""
+  def valid_row(r):
+    row = row_of(r)
+    values = _values(kv_ref, rope_ref, jnp.maximum(row, 0))
+    return jnp.where(row < 0, jnp.nan, values).astype(jnp.bfloat16)
+
   def body(r, _):
-    values = lax.cond(r < num_valid, lambda: _values(kv_ref, rope_ref, row_of(r)),
+    values = lax.cond(r < num_valid, lambda: valid_row(r),
                       lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
     _store(tile, r, values)
   lax.fori_loop(0, BLOCK, body, None)
@@ -140,18 +147,10 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   rank = None if pair is None else pair[0]
   listed = _listed(idx_ref, kv_ref.shape[0], clamp)
 
-  def body(r, _):
+  def row_of(r):
     slot = slot_of(r, rank)
-
-    def valid_row():
-      row = lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
-      values = _values(kv_ref, rope_ref, jnp.maximum(row, 0))
-      # The carry says "no row" where the block has one: loads handed to the wrong block.
-      return jnp.where(row < 0, jnp.nan, values).astype(jnp.bfloat16)
-    values = lax.cond(r < num_valid, valid_row,
-                      lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
-    _store(k_smem, r, values)
-  lax.fori_loop(0, BLOCK, body, None)
+    return lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
+  _fill(kv_ref, rope_ref, row_of, num_valid, k_smem)
   return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
 
