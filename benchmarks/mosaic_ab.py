@@ -1,16 +1,20 @@
 """Variants of the Mosaic GPU kernel's settings, timed side by side in one run on one GPU.
 
 A variant is a name and overrides of the kernel modules' constants
-(`jax_mla._src.pallas.mosaic.{kernel,gather,consumer,decode}`), given as Python literals:
+(`jax_mla._src.pallas.mosaic.{kernel,gather,consumer,decode}`, and `jax_mla._src.pallas.merge`
+and `.plan`, the split merge and the split planner), given as Python literals:
 
   --variant "regs:kernel.REGISTERS={True: {0: 192, 1: 160, 2: 152}, False: {0: 192, 1: 160, 2: 152}}"
   --variant "carry3:gather.CARRIED_GROUPS={True: 2, False: 3}"
+  --variant "merge_kernel:merge.KERNEL_MERGE_MIN_SPLITS=2"
 
 Each variant's decode is traced with its overrides set (they are read while the kernel is
 built) and restored after; "default" (the settings as committed) always runs. The timing is
 vs_flashmla.py's: the public `jax_mla.decode(backend="pallas")` in a jitted loop of 30 calls
 whose indices change every call, GPU busy time per call from a profiler trace, net of the loop's
-index update, the variants interleaved within each of --rounds rounds, the median. This is how
+index update, the variants interleaved within each of --rounds rounds, the median; the results
+file also lists the kernels each variant's loop ran (GPU us per call, last round), so a variant
+that moves time between the decode kernel and the merge shows where. This is how
 the register splits and carried row groups in benchmarks/README.md were chosen (2026-12-04).
 
 Usage (on the GPU machine, from the repository root):
@@ -28,7 +32,9 @@ import importlib
 import json
 import statistics
 
-MODULES = ("kernel", "gather", "consumer", "decode")
+MODULES = {name: f"jax_mla._src.pallas.mosaic.{name}"
+           for name in ("kernel", "gather", "consumer", "decode")}
+MODULES.update(merge="jax_mla._src.pallas.merge", plan="jax_mla._src.pallas.plan")
 DEFAULT_SHAPES = [[128, 1, 128, 2048], [128, 1, 64, 512], [64, 1, 128, 2048], [64, 1, 64, 512],
                   [16, 4, 64, 2048]]
 
@@ -44,9 +50,9 @@ def parse_variant(text):
     target, sep, literal = item.partition("=")
     module_name, _, attr = target.strip().partition(".")
     if not sep or module_name not in MODULES or not attr:
-      raise ValueError(f"an override is MODULE.ATTR=VALUE with MODULE one of {MODULES}; got "
+      raise ValueError(f"an override is MODULE.ATTR=VALUE with MODULE one of {tuple(MODULES)}; got "
                        f"{item!r}")
-    module = importlib.import_module(f"jax_mla._src.pallas.mosaic.{module_name}")
+    module = importlib.import_module(MODULES[module_name])
     if not hasattr(module, attr):
       raise ValueError(f"{module_name} has no attribute {attr!r}")
     overrides.append((module, attr, ast.literal_eval(literal.strip())))
@@ -96,11 +102,12 @@ def main(argv=None):
         jax.block_until_ready(runs[name](*call_args))
     runs["index_update"] = vf.looped(vf.index_update)
     jax.block_until_ready(runs["index_update"](*call_args))
-    times, _ = vf.device_rounds(runs, call_args, args.rounds)
+    times, kernels = vf.device_rounds(runs, call_args, args.rounds)
     update = statistics.median(times["index_update"])
     row = dict(heads=shape[0], tokens_per_seq=shape[1], batch=shape[2], k=shape[3],
                us={name: statistics.median(times[name]) - update for name, _ in variants},
-               rounds={name: times[name] for name, _ in variants}, index_update_us=update)
+               rounds={name: times[name] for name, _ in variants}, index_update_us=update,
+               kernels={name: vf.rounded_kernels(kernels[name]) for name in runs})
     rows.append(row)
     print(f"H{shape[0]}x{shape[1]} B{shape[2]} K{shape[3]}: " + ", ".join(
         f"{name} {us:.1f} us" for name, us in row["us"].items()), flush=True)

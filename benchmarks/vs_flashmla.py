@@ -131,7 +131,8 @@ def device_rounds(runs, args, rounds):
   return times, kernels
 
 
-def _rounded(kernels):
+def rounded_kernels(kernels):
+  """{kernel: us per call} rounded to ns, the slowest first (the results files' form)."""
   return {name: round(us, 3) for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])}
 
 
@@ -167,8 +168,8 @@ def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
                jax_mla_us=med["jax_mla"] - med["index_update"], jax_mla_rounds=times["jax_mla"],
                # What each loop ran, per call (last round): the net time is the first less
                # the second.
-               jax_mla_kernels=_rounded(kernels["jax_mla"]),
-               index_update_kernels=_rounded(kernels["index_update"]))
+               jax_mla_kernels=rounded_kernels(kernels["jax_mla"]),
+               index_update_kernels=rounded_kernels(kernels["index_update"]))
     if "plain" in med:
       row["plain_us"] = med["plain"] - med["index_update"]
       row["jax_mla_over_plain"] = row["plain_us"] / row["jax_mla_us"]

@@ -5,6 +5,7 @@ traces."""
 import pytest
 
 import mosaic_ab
+from jax_mla._src.pallas import merge, plan
 from jax_mla._src.pallas.mosaic import gather, kernel
 
 
@@ -20,6 +21,15 @@ def test_a_variant_overrides_constants_and_restores_them():
   assert kernel.REGISTERS is before_registers and gather.CARRIED_GROUPS is before_groups
 
 
+def test_the_split_merge_and_planner_can_be_varied():
+  before_min, before_rule = merge.KERNEL_MERGE_MIN_SPLITS, plan.SPLIT_RULES
+  _, overrides = mosaic_ab.parse_variant(
+      "m:merge.KERNEL_MERGE_MIN_SPLITS=2;plan.SPLIT_RULES=('fill',)")
+  with mosaic_ab.overridden(overrides):
+    assert merge.KERNEL_MERGE_MIN_SPLITS == 2 and plan.SPLIT_RULES == ("fill",)
+  assert merge.KERNEL_MERGE_MIN_SPLITS == before_min and plan.SPLIT_RULES is before_rule
+
+
 def test_overrides_are_restored_when_the_trace_fails():
   before = gather.CARRIED_GROUPS
   _, overrides = mosaic_ab.parse_variant("x:gather.CARRIED_GROUPS={True: 9, False: 9}")
@@ -30,7 +40,9 @@ def test_overrides_are_restored_when_the_trace_fails():
 
 
 @pytest.mark.parametrize("text", ["nocolon", "x:", "x:kernel.REGISTERS", "x:pair.X=1",
-                                  "x:kernel.NO_SUCH_CONSTANT=1", "x:kernel.REGISTERS=not python"])
+                                  "x:kernel.NO_SUCH_CONSTANT=1",
+                                  "x:merge.NO_SUCH_CONSTANT=1", "x:lse_merge.X=1",
+                                  "x:kernel.REGISTERS=not python"])
 def test_malformed_variants_are_refused(text):
   with pytest.raises((ValueError, SyntaxError)):
     mosaic_ab.parse_variant(text)
