@@ -197,7 +197,7 @@ def time_flashmla(flash_shapes, pool_dir):
     q = torch.from_numpy(data["q"]).to(torch.bfloat16).cuda().reshape(batch, 1, heads, 512)
     sink = torch.from_numpy(data["sink"]).cuda()
     first = torch.from_numpy(data["indices"]).cuda()
-    idx = [((first + i * call_loop.STRIDE) & (POOL - 1)).reshape(batch, 1, k).contiguous()
+    idx = [call_loop.moved(first, i, POOL).reshape(batch, 1, k).contiguous()
            for i in range(STEPS)]
     meta, _ = flash_mla.get_mla_metadata()
     call = lambda i: flash_mla.flash_mla_with_kvcache(  # pylint: disable=cell-var-from-loop

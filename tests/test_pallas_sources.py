@@ -28,6 +28,7 @@ from support.rows import make_batch, poison_padding
 from jax_mla._src.pallas import backend as pallas_backend
 from jax_mla._src.pallas import triton as pd
 from test_mosaic import call as mosaic_call, few_splits, with_modes
+from test_pallas import MODES  # Pallas interpret mode, and compiled through Triton on a GPU
 
 
 def unpaired_few_splits(shape):
@@ -36,7 +37,7 @@ def unpaired_few_splits(shape):
   warpgroup waiting on a barrier; the same cases pass on the H200, and one paired source
   passes in interpret mode, so the pair's stand-ins are suspect (not resolved, 2026-12-05)."""
   return shape[0] * shape[1] < 128 and few_splits(shape)
-from test_pallas import MODES  # Pallas interpret mode, and compiled through Triton on a GPU
+
 
 # DeepSeek-V4's own scale is 1/sqrt(512) times a YaRN factor: not a power of two of the default.
 SCALE = 0.0713
