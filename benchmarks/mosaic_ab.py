@@ -88,6 +88,9 @@ def main(argv=None):
   import jax_mla  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
+  meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+              variants={name: [f"{m.__name__.rsplit('.', 1)[1]}.{a}={v!r}"
+                               for m, a, v in overrides] for name, overrides in variants})
   pool = jax.random.normal(jax.random.PRNGKey(0), (vf.POOL, 512), jnp.float32).astype(jnp.bfloat16)
   kv, kv_rope = jax_mla.pack_rows(pool)
   rows = []
@@ -111,12 +114,9 @@ def main(argv=None):
     rows.append(row)
     print(f"H{shape[0]}x{shape[1]} B{shape[2]} K{shape[3]}: " + ", ".join(
         f"{name} {us:.1f} us" for name, us in row["us"].items()), flush=True)
-  if args.out:
-    meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
-                variants={name: [f"{m.__name__.rsplit('.', 1)[1]}.{a}={v!r}"
-                                 for m, a, v in overrides] for name, overrides in variants})
-    with open(args.out, "w") as out:
-      json.dump(dict(meta=meta, rows=rows), out, indent=1)
+    if args.out:  # after every shape, so a run cut by a time limit keeps what it measured
+      with open(args.out, "w") as out:
+        json.dump(dict(meta=meta, rows=rows), out, indent=1)
   return rows
 
 
