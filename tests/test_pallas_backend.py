@@ -6,6 +6,10 @@ choice swapped in), and the Mosaic route is checked by lowering it for CUDA. On 
 `gpu`) the same calls run compiled with the device's own kernel."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -152,9 +156,10 @@ def test_the_triton_route_lowers_for_rocm_from_the_cpu(monkeypatch):
 
 
 def test_one_executable_serves_every_set_of_lengths(mode):
-  del mode
   rng = np.random.default_rng(9)
   traces = []
+  if mode == "interpret":  # its first run imports jax modules that define config options
+    jax_mla.decode(*make_batch(rng, num_heads=64, lengths=[1]).args(), backend="pallas")
 
   def decode(*args):
     traces.append(1)
@@ -165,6 +170,32 @@ def test_one_executable_serves_every_set_of_lengths(mode):
     batch = make_batch(rng, num_heads=64, lengths=lengths, sink=0.0)
     check(batch, *jitted(*batch.args()))
   assert len(traces) == 1
+
+
+def test_a_jitted_caller_traces_once_though_the_first_decode_loads_the_kernels():
+  """The Pallas backend's modules load on the first decode, inside the caller's trace; what
+  they import must not change jax's config (its trace caches' key), or the caller's jitted
+  function traces and compiles again on its next call. A fresh process: here other tests have
+  loaded them already."""
+  script = textwrap.dedent("""
+      import jax, jax_mla
+      traces = []
+
+      @jax.jit
+      def step(x):
+        traces.append(1)
+        from jax_mla._src.pallas import triton  # what the first decode imports
+        from jax_mla._src.pallas.mosaic import decode
+        return x + 1
+
+      step(1.0)
+      step(2.0)
+      print(len(traces))
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ["1"]
 
 
 def test_check_indices_names_the_bad_entry_before_the_kernel_runs(mode):

@@ -24,6 +24,11 @@ import warnings
 from typing import Callable
 
 import jax
+# Not a backend's code: Pallas defines jax config options when first imported, and jax keys
+# its trace caches on the config, so a first Pallas decode importing it inside a caller's
+# jitted function made that function trace and compile a second time on its next call
+# (tests/test_pallas_backend.py). Imported with the registry instead (about 0.06 s).
+import jax.experimental.pallas  # pylint: disable=unused-import
 
 
 Layouts = tuple[tuple[int, int], ...] | None
