@@ -95,9 +95,7 @@ def main(argv=None):
   kv, kv_rope = jax_mla.pack_rows(pool)
   rows = []
   for shape in args.shapes:
-    data = vf.problem(*shape)
-    q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
-    call_args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
+    call_args = vf.call_args(shape)
     runs = {}
     for name, overrides in variants:
       with overridden(overrides):  # traced and compiled here, with the overrides

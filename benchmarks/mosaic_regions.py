@@ -96,14 +96,10 @@ def profiled_build(settings):
 def profiled_trace(shape, kv, kv_rope) -> dict:
   """The profiler's trace of one decode call at `shape`, built with a profile space."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import jax_mla  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
   heads, tokens, _, k = shape
-  data = vf.problem(*shape)
-  q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
-  args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
+  args = vf.call_args(shape)
   with tempfile.TemporaryDirectory() as directory:
     settings = dict(profile_space=profile_space(k), profile_dir=directory)
     with profiled_build(settings):

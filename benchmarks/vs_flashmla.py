@@ -16,10 +16,10 @@ Same method for both: 30 calls whose indices change every call ((indices + call 
 GPU events' intervals (benchmarks/timing/device_time.py); median of 3 rounds. jax_mla's calls
 run in one jitted loop whose index update (one small fused kernel per call, about 1 us on the
 H200) is inside its time and is measured alone and subtracted ("net"); the loop keeps each
-call's output as its carry and builds the batch's indptr once, from the static shapes (a
-server builds it once per step for all its layers), so nothing else of the loop's counts; the
-results file lists the kernels each loop ran. FlashMLA's index lists are made before its loop
-and its metadata once. FlashMLA runs in a child process (one profiler per process; PyTorch
+call's output as its carry and takes the batch's indptr as an argument (a server builds it
+once per step for all its layers), so nothing else of the loop's counts; the results file
+lists the kernels each loop ran. FlashMLA's index lists are made before its loop and its
+metadata once. FlashMLA runs in a child process (one profiler per process; PyTorch
 and JAX each hold their own GPU memory).
 
 Usage (on the GPU machine, from the repository root):
@@ -88,29 +88,41 @@ def make_pool(pool_dir):
   return kv, kv_rope
 
 
+def call_args(shape):
+  """The timed loops' arguments at `shape`: (packed Q, its RoPE, the first index lists
+  [batch, K], the sink, the batch's indptr). The indptr is an argument, as a server passes the
+  one it builds per step for all its layers (as FlashMLA's metadata is made once): built from
+  the static shapes inside the loop, XLA rebuilt that constant with a kernel every call (0.7 us
+  on the H200 in run 5, charged to jax_mla; `xla_kernels.py` shows it)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  data = problem(*shape)
+  q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
+  batch, k = data["indices"].shape
+  return (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]),
+          jnp.arange(batch + 1, dtype=jnp.int32) * k)
+
+
 def looped(f):
-  """STEPS calls of f(q, q_rope, idx, sink) in one jitted loop (timing.call_loop), the indices
-  moved on by call_loop.STRIDE every call."""
+  """STEPS calls of f(q, q_rope, idx, sink, indptr) in one jitted loop (timing.call_loop) over
+  call_args, the indices moved on by call_loop.STRIDE every call."""
   return call_loop.looped(
-      lambda i, q, q_rope, idx0, sink: f(q, q_rope, call_loop.moved(idx0, i, POOL), sink), STEPS)
+      lambda i, q, q_rope, idx0, sink, indptr: f(q, q_rope, call_loop.moved(idx0, i, POOL), sink,
+                                                 indptr), STEPS)
 
 
-def index_update(q, q_rope, idx, sink):
+def index_update(q, q_rope, idx, sink, indptr):
   """The loop's own work: looped(index_update) is what every loop's time is net of."""
-  del q, q_rope, sink
+  del q, q_rope, sink, indptr
   return idx
 
 
 def decode_call(kv, kv_rope, tokens, backend):
-  """f(q, q_rope, idx [batch, K], sink) -> out: the public decode over the packed pool."""
+  """f(q, q_rope, idx [batch, K], sink, indptr) -> out: the public decode over the packed
+  pool."""
   import jax_mla  # pylint: disable=import-outside-toplevel
 
-  def call(q, q_rope, idx, sink):
-    batch, k = idx.shape
-    # From the static shapes, so a constant of the loop: a server builds its batch's indptr
-    # once per step for every layer, as FlashMLA's metadata is made once (built in the loop,
-    # it was a small kernel per call).
-    indptr = np.arange(batch + 1, dtype=np.int32) * k
+  def call(q, q_rope, idx, sink, indptr):
     return jax_mla.decode(q, q_rope, kv, kv_rope, indptr, idx.reshape(-1), sink,
                           tokens_per_seq=tokens, backend=backend)[0]
   return call
@@ -145,7 +157,7 @@ def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
 
   def impl(name, tokens):
     if name == "plain":
-      return lambda q, q_rope, idx, sink: plain_xla_decode(
+      return lambda q, q_rope, idx, sink, indptr: plain_xla_decode(
           q, q_rope, kv, kv_rope, idx, sink, tokens_per_seq=tokens)[0]
     return decode_call(kv, kv_rope, tokens, backend)
 
@@ -154,9 +166,7 @@ def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
   for shape, impls in [(s, ("jax_mla", "index_update")) for s in flash_shapes] + \
                       [(s, ("jax_mla", "plain", "index_update")) for s in other_shapes]:
     heads, tokens, batch, k = shape
-    data = problem(*shape)
-    q, q_rope = jax_mla.pack_rows(jnp.asarray(data["q"]))
-    args = (q, q_rope, jnp.asarray(data["indices"]), jnp.asarray(data["sink"]))
+    args = call_args(shape)
     runs = {name: update if name == "index_update" else looped(impl(name, tokens))
             for name in impls}
     for run in runs.values():

@@ -1,0 +1,57 @@
+"""benchmarks/xla_kernels.py's reading of an optimized HLO module (its compile for a Hopper needs
+jax's CUDA plugin): which instructions of the timed loop's body launch kernels."""
+
+import pytest
+
+import xla_kernels
+
+# The shape of XLA's printout: a fused computation, the loop's body and condition, the entry.
+MODULE = """HloModule jit_run, entry_computation_layout={(s32[8,512]{1,0})->bf16[8,128,512]{2,1,0}}
+
+%fused_select (param_0: f32[8,8,128]) -> f32[8,8,128] {
+  %param_0 = f32[8,8,128]{2,1,0} parameter(0)
+  ROOT %select.1 = f32[8,8,128]{2,1,0} select(%c, %param_0, %param_0)
+}
+
+%body.3 (arg_tuple.7: (s32[], bf16[8,128,512])) -> (s32[], bf16[8,128,512]) {
+  %arg_tuple.7 = (s32[], bf16[8,128,512]) parameter(0)
+  %loop_add_fusion = s32[] fusion(%gte.1), kind=kLoop, calls=%fused_add, metadata={op_name="x"}
+  %mpmd_map.15 = (f32[8,8,128,512]{3,2,1,0}, f32[8,8,128]{2,1,0}) custom-call(%a, %b), custom_call_target="mosaic_gpu_v2", backend_config={module = "ML\\EFR"}
+  %gte.2 = f32[8,8,128]{2,1,0} get-tuple-element(%mpmd_map.15), index=1
+  %loop_select_fusion = f32[8,8,128]{2,1,0} fusion(%gte.2), kind=kLoop, calls=%fused_select
+  ROOT %loop_reduce_fusion = bf16[8,128,512]{2,1,0} fusion(%gte.2, %loop_select_fusion), kind=kInput, calls=%fused_reduce
+}
+
+%cond.4 (arg_tuple.8: (s32[], bf16[8,128,512])) -> pred[] {
+  ROOT %loop_compare_fusion = pred[] fusion(%gte.3), kind=kLoop, calls=%fused_compare
+}
+
+ENTRY %main.14 (a_4_.1: s32[8,512]) -> bf16[8,128,512] {
+  %loop_and_fusion.1 = s32[8,512]{1,0} fusion(%a_4_.1), kind=kLoop, calls=%fused_and.1
+  %while.1 = (s32[], bf16[8,128,512]{2,1,0}) while(%tuple.11), condition=%cond.4, body=%body.3, backend_config={"known_trip_count":{"n":"29"}}
+  ROOT %gte.9 = bf16[8,128,512]{2,1,0} get-tuple-element(%while.1), index=1
+}
+"""
+
+
+def test_the_loop_body_kernels_are_its_fusions_and_custom_calls_in_order():
+  assert xla_kernels.loop_body_launches(MODULE) == [
+      ("loop_add_fusion", "fusion kLoop -> s32[]"),
+      ("mpmd_map.15",
+       "custom-call mosaic_gpu_v2 -> (f32[8,8,128,512]{3,2,1,0}, f32[8,8,128]{2,1,0})"),
+      ("loop_select_fusion", "fusion kLoop -> f32[8,8,128]{2,1,0}"),
+      ("loop_reduce_fusion", "fusion kInput -> bf16[8,128,512]{2,1,0}"),
+  ]
+
+
+def test_computations_are_split_with_the_entry_named_entry():
+  comps = xla_kernels.computations(MODULE)
+  assert set(comps) == {"%fused_select", "%body.3", "%cond.4", "ENTRY"}
+  assert [name for name, _ in xla_kernels.launches(comps["ENTRY"])] == ["loop_and_fusion.1"]
+  # Instructions inside a fused computation are not kernels of their own.
+  assert xla_kernels.launches(comps["%fused_select"]) == []
+
+
+def test_a_module_without_exactly_one_loop_is_refused():
+  with pytest.raises(ValueError, match="one while loop"):
+    xla_kernels.loop_body_launches(MODULE.replace("body=%body.3", "nobody=%body.3"))
