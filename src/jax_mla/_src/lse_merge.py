@@ -11,39 +11,53 @@ part saw gives out 0 and lse = its sink.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
+from jax import lax
 
 
-def weights(part_lse, sink, axis: int):
+def _over(combine, x, axis: int, unroll: bool):
+  """x reduced by `combine` (jnp.maximum or jnp.add) over `axis`, kept with size 1; with
+  `unroll`, slice by slice (the axis is static) instead of one reduction."""
+  if not unroll:
+    return (jnp.max if combine is jnp.maximum else jnp.sum)(x, axis=axis, keepdims=True)
+  return functools.reduce(combine, (lax.index_in_dim(x, i, axis) for i in range(x.shape[axis])))
+
+
+def weights(part_lse, sink, axis: int, unroll: bool = False):
   """Each part's weight along the parts' `axis`.
 
   Args:
     part_lse: f32, natural-log denominators without the sink (-inf: the part saw nothing).
     sink: f32 sink logits, broadcastable against `part_lse` with `axis` of size 1 (-inf: none).
     axis: the parts' axis of `part_lse`.
+    unroll: the max and sum over `axis` as elementwise ops slice by slice rather than
+      reductions (the same values up to the order of the sum's additions). XLA then computes
+      the shares in one small kernel instead of two on a GPU (pallas.merge).
 
   Returns:
     `(seen, shares, lse)`: whether each part saw anything, its share exp(lse_part - lse) (0 where
     unseen), and the lse with the sink, `axis` kept with size 1.
   """
   seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
-  mx = jnp.max(part_lse, axis=axis, keepdims=True)
+  mx = _over(jnp.maximum, part_lse, axis, unroll)
   any_seen = mx != -jnp.inf
   mx_safe = jnp.where(any_seen, mx, 0.0)
   terms = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
-  total = jnp.sum(terms, axis=axis, keepdims=True)
+  total = _over(jnp.add, terms, axis, unroll)
   lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
   lse = jnp.logaddexp(lse_kv, sink)
   return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
 
 
-def merge(parts, part_lse, sink, axis: int):
+def merge(parts, part_lse, sink, axis: int, unroll_weights: bool = False):
   """The merged output and lse: `parts` `[..., D]` (f32, each normalized by its own lse) summed
-  with their shares (`weights`) by one `jnp.sum` over `axis`.
+  with their shares (`weights`, `unroll_weights` its `unroll`) by one `jnp.sum` over `axis`.
 
   Returns:
     `(out f32, lse f32)`: out without `axis`, lse with `axis` kept with size 1.
   """
-  seen, shares, lse = weights(part_lse, sink, axis)
+  seen, shares, lse = weights(part_lse, sink, axis, unroll_weights)
   out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=axis)
   return out, lse
