@@ -25,6 +25,19 @@ def _over(combine, x, axis: int, unroll: bool):
   return functools.reduce(combine, (lax.index_in_dim(x, i, axis) for i in range(x.shape[axis])))
 
 
+def _terms(part_lse, sink, axis: int, unroll: bool):
+  """(seen, terms exp(lse_part - m) (0 where unseen), m made finite, the terms' total, the lse
+  with the sink), m the parts' max lse; `axis` kept with size 1."""
+  seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
+  mx = _over(jnp.maximum, part_lse, axis, unroll)
+  any_seen = mx != -jnp.inf
+  mx_safe = jnp.where(any_seen, mx, 0.0)
+  terms = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
+  total = _over(jnp.add, terms, axis, unroll)
+  lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
+  return seen, terms, mx_safe, total, jnp.logaddexp(lse_kv, sink)
+
+
 def weights(part_lse, sink, axis: int, unroll: bool = False):
   """Each part's weight along the parts' `axis`.
 
@@ -33,31 +46,31 @@ def weights(part_lse, sink, axis: int, unroll: bool = False):
     sink: f32 sink logits, broadcastable against `part_lse` with `axis` of size 1 (-inf: none).
     axis: the parts' axis of `part_lse`.
     unroll: the max and sum over `axis` as elementwise ops slice by slice rather than
-      reductions (the same values up to the order of the sum's additions). XLA then computes
-      the shares in one small kernel instead of two on a GPU (pallas.merge).
+      reductions (the same values up to the order of the sum's additions).
 
   Returns:
     `(seen, shares, lse)`: whether each part saw anything, its share exp(lse_part - lse) (0 where
     unseen), and the lse with the sink, `axis` kept with size 1.
   """
-  seen = part_lse != -jnp.inf  # NaN counts as seen, so a NaN scale propagates
-  mx = _over(jnp.maximum, part_lse, axis, unroll)
-  any_seen = mx != -jnp.inf
-  mx_safe = jnp.where(any_seen, mx, 0.0)
-  terms = jnp.where(seen, jnp.exp(part_lse - mx_safe), 0.0)
-  total = _over(jnp.add, terms, axis, unroll)
-  lse_kv = jnp.where(any_seen, mx_safe + jnp.log(jnp.where(any_seen, total, 1.0)), -jnp.inf)
-  lse = jnp.logaddexp(lse_kv, sink)
+  seen, _, _, _, lse = _terms(part_lse, sink, axis, unroll)
   return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
 
 
-def merge(parts, part_lse, sink, axis: int, unroll_weights: bool = False):
-  """The merged output and lse: `parts` `[..., D]` (f32, each normalized by its own lse) summed
-  with their shares (`weights`, `unroll_weights` its `unroll`) by one `jnp.sum` over `axis`.
+def merge(parts, part_lse, sink, axis: int, unroll: bool = False):
+  """The merged output and lse: `parts` `[..., D]` (f32, each normalized by its own lse)
+  weighted by exp(lse_part - m) (m the parts' max lse), summed by one `jnp.sum` over `axis`,
+  and divided once by those weights' total plus exp(sink - m): the shares of `weights`, with
+  the division after the sum. `unroll` as `weights`'. (On a GPU XLA then computes the weights
+  in one small kernel and everything else in the sum's, up to 16 parts with `unroll`:
+  benchmarks/xla_kernels.py.)
 
   Returns:
     `(out f32, lse f32)`: out without `axis`, lse with `axis` kept with size 1.
   """
-  seen, shares, lse = weights(part_lse, sink, axis, unroll_weights)
-  out = jnp.sum(jnp.where(seen[..., None], parts * shares[..., None], 0.0), axis=axis)
-  return out, lse
+  seen, terms, mx_safe, total, lse = _terms(part_lse, sink, axis, unroll)
+  num = jnp.sum(jnp.where(seen[..., None], parts * terms[..., None], 0.0), axis=axis)
+  denom = jnp.squeeze(total + jnp.exp(sink - mx_safe), axis)[..., None]
+  # Rows no part saw are 0 (their denominator may be 0 or the sink's); NaN stays NaN; a +inf
+  # sink makes denom +inf and the row 0.
+  seen_any = jnp.squeeze((total > 0) | jnp.isnan(total), axis)[..., None]
+  return jnp.where(seen_any, num / denom, 0.0), lse

@@ -1,4 +1,4 @@
-"""Merging the Pallas kernels' per-split partials: in jnp (XLA: two or three GPU passes) or as one
+"""Merging the Pallas kernels' per-split partials: in jnp (XLA: two GPU passes up to 16 splits) or as one
 Triton-lowered Pallas kernel (`merge_kernel`: one pass, each program reading every split of a
 [rows, 128] tile at once).
 
@@ -44,12 +44,11 @@ def merge_partials(parts, part_lse, sink_rows):
   Returns:
     (out bf16 [B, R, 512], lse f32 [B, R]), lse with the sink included.
   """
-  # The shares from the lse slice by slice: on an sm90 GPU XLA then runs the merge as two
-  # kernels (the shares, the weighted sum) instead of three up to 8 splits, and as many from 9
-  # (benchmarks/xla_kernels.py, jax 0.11.2; dropping a select kernel at 128 heads, B 1, K 512
-  # took 13.84 to 13.1 us on the H200, 2026-12-05).
-  out, lse = lse_merge.merge(parts, part_lse, sink_rows[None, None, :], axis=1,
-                             unroll_weights=True)
+  # The weights from the lse slice by slice: on an sm90 GPU XLA then runs the merge as two
+  # kernels up to 16 splits (the weights; the weighted sum and its division) where the reduce
+  # and the shares took three (benchmarks/xla_kernels.py, jax 0.11.2 and 0.12; dropping one
+  # such kernel took 13.84 to 13.1 us at 128 heads, B 1, K 512 on the H200, 2026-12-05).
+  out, lse = lse_merge.merge(parts, part_lse, sink_rows[None, None, :], axis=1, unroll=True)
   return out.astype(jnp.bfloat16), lse[:, 0]
 
 
