@@ -1,6 +1,6 @@
-"""Merging the Pallas kernels' per-split partials: in jnp (XLA: two GPU passes up to 16 splits) or as one
-Triton-lowered Pallas kernel (`merge_kernel`: one pass, each program reading every split of a
-[rows, 128] tile at once).
+"""Merging the Pallas kernels' per-split partials: in jnp (XLA: two GPU passes up to 16 splits)
+or as one Triton-lowered Pallas kernel (`merge_kernel`: one pass, each program reading every
+split of a [rows, 128] tile at once).
 
 Every split writes its partial (an empty split writes o = 0, lse = -inf). Both merges compute
 `lse_merge.merge` (the weights and contracts shared with the API's merge of two KV sources): the
