@@ -38,21 +38,19 @@ def _terms(part_lse, sink, axis: int, unroll: bool):
   return seen, terms, mx_safe, total, jnp.logaddexp(lse_kv, sink)
 
 
-def weights(part_lse, sink, axis: int, unroll: bool = False):
+def weights(part_lse, sink, axis: int):
   """Each part's weight along the parts' `axis`.
 
   Args:
     part_lse: f32, natural-log denominators without the sink (-inf: the part saw nothing).
     sink: f32 sink logits, broadcastable against `part_lse` with `axis` of size 1 (-inf: none).
     axis: the parts' axis of `part_lse`.
-    unroll: the max and sum over `axis` as elementwise ops slice by slice rather than
-      reductions (the same values up to the order of the sum's additions).
 
   Returns:
     `(seen, shares, lse)`: whether each part saw anything, its share exp(lse_part - lse) (0 where
     unseen), and the lse with the sink, `axis` kept with size 1.
   """
-  seen, _, _, _, lse = _terms(part_lse, sink, axis, unroll)
+  seen, _, _, _, lse = _terms(part_lse, sink, axis, unroll=False)
   return seen, jnp.where(seen, jnp.exp(part_lse - lse), 0.0), lse
 
 
@@ -60,9 +58,10 @@ def merge(parts, part_lse, sink, axis: int, unroll: bool = False):
   """The merged output and lse: `parts` `[..., D]` (f32, each normalized by its own lse)
   weighted by exp(lse_part - m) (m the parts' max lse), summed by one `jnp.sum` over `axis`,
   and divided once by those weights' total plus exp(sink - m): the shares of `weights`, with
-  the division after the sum. `unroll` as `weights`'. (On a GPU XLA then computes the weights
-  in one small kernel and everything else in the sum's, up to 16 parts with `unroll`:
-  benchmarks/xla_kernels.py.)
+  the division after the sum. `unroll`: m and the total from the parts slice by slice rather
+  than by reductions (the same values up to the order of the total's additions); on a GPU
+  XLA then computes the weights in one small kernel and everything else in the sum's, up to
+  16 parts (benchmarks/xla_kernels.py).
 
   Returns:
     `(out f32, lse f32)`: out without `axis`, lse with `axis` kept with size 1.
