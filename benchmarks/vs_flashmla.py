@@ -104,11 +104,12 @@ def call_args(shape):
 
 
 def looped(f):
-  """STEPS calls of f(q, q_rope, idx, sink, indptr) in one jitted loop (timing.call_loop) over
-  call_args, the indices moved on by call_loop.STRIDE every call."""
+  """STEPS calls of f(q, q_rope, idx, sink, indptr, *more) in one jitted loop (timing.call_loop)
+  over call_args (and any more arguments), the indices moved on by call_loop.STRIDE every
+  call."""
   return call_loop.looped(
-      lambda i, q, q_rope, idx0, sink, indptr: f(q, q_rope, call_loop.moved(idx0, i, POOL), sink,
-                                                 indptr), STEPS)
+      lambda i, q, q_rope, idx0, *rest: f(q, q_rope, call_loop.moved(idx0, i, POOL), *rest),
+      STEPS)
 
 
 def index_update(q, q_rope, idx, sink, indptr):
@@ -151,8 +152,6 @@ def rounded_kernels(kernels):
 def time_jax(flash_shapes, other_shapes, backend, kv, kv_rope, progress):
   """jax_mla (and plain XLA for other_shapes) per shape; `progress(rows)` after each."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import jax_mla  # pylint: disable=import-outside-toplevel
   from gpu_decode import plain_xla_decode  # pylint: disable=import-outside-toplevel
 
   def impl(name, tokens):

@@ -119,7 +119,6 @@ def loop_texts(shape, sharding) -> dict:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
-  from timing import call_loop  # pylint: disable=import-outside-toplevel
 
   heads, tokens, batch, k = shape
   spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -137,13 +136,8 @@ def loop_texts(shape, sharding) -> dict:
     del kv, kv_rope
     return vf.index_update(q, q_rope, idx, sink, indptr)
 
-  texts = {}
-  for name, f in (("jax_mla", decode), ("index_update", update)):
-    run = call_loop.looped(
-        lambda i, q, q_rope, idx0, *rest, f=f: f(q, q_rope, call_loop.moved(idx0, i, vf.POOL),
-                                                 *rest), vf.STEPS)
-    texts[name] = run.lower(*args).compile().as_text()
-  return texts
+  return {name: vf.looped(f).lower(*args).compile().as_text()
+          for name, f in (("jax_mla", decode), ("index_update", update))}
 
 
 def main(argv=None):

@@ -69,7 +69,7 @@ def merge(parts, part_lse, sink, axis: int, unroll: bool = False):
   seen, terms, mx_safe, total, lse = _terms(part_lse, sink, axis, unroll)
   num = jnp.sum(jnp.where(seen[..., None], parts * terms[..., None], 0.0), axis=axis)
   denom = jnp.squeeze(total + jnp.exp(sink - mx_safe), axis)[..., None]
-  # Rows no part saw are 0 (their denominator may be 0 or the sink's); NaN stays NaN; a +inf
-  # sink makes denom +inf and the row 0.
-  seen_any = jnp.squeeze((total > 0) | jnp.isnan(total), axis)[..., None]
+  # Rows no part saw (total 0; any part seen puts a 1 in it) are 0, whatever their denominator;
+  # NaN stays NaN; a +inf sink makes denom +inf and the row 0.
+  seen_any = jnp.squeeze(total != 0, axis)[..., None]
   return jnp.where(seen_any, num / denom, 0.0), lse
