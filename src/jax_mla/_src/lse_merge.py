@@ -59,9 +59,8 @@ def merge(parts, part_lse, sink, axis: int, unroll: bool = False):
   weighted by exp(lse_part - m) (m the parts' max lse), summed by one `jnp.sum` over `axis`,
   and divided once by those weights' total plus exp(sink - m): the shares of `weights`, with
   the division after the sum. `unroll`: m and the total from the parts slice by slice rather
-  than by reductions (the same values up to the order of the total's additions); on a GPU
-  XLA then computes the weights in one small kernel and everything else in the sum's, up to
-  16 parts (benchmarks/xla_kernels.py).
+  than by reductions (the same values up to the order of the total's additions; why:
+  `pallas.merge.merge_partials`).
 
   Returns:
     `(out f32, lse f32)`: out without `axis`, lse with `axis` kept with size 1.
