@@ -101,7 +101,10 @@ def profiled_trace(shape, kv, kv_rope) -> dict:
   heads, tokens, _, k = shape
   args = vf.call_args(shape)
   with tempfile.TemporaryDirectory() as directory:
-    settings = dict(profile_space=profile_space(k), profile_dir=directory)
+    # Bounds-checked: a region count off by a few truncates the trace instead of overwriting
+    # the kernel's shared memory.
+    settings = dict(profile_space=profile_space(k), profile_dir=directory,
+                    profile_bounds_check=True)
     with profiled_build(settings):
       call = jax.jit(vf.decode_call(kv, kv_rope, tokens, "pallas"))
       for _ in range(2):  # the first run compiles; each run writes a trace
