@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import re
 from unittest import mock
@@ -120,14 +121,11 @@ def loop_texts(shape, sharding) -> dict:
   import jax_mla  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
-  heads, tokens, batch, k = shape
+  tokens = shape[1]
   spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   pool = jax.eval_shape(jax_mla.pack_rows, jax.ShapeDtypeStruct((vf.POOL, 512), jnp.bfloat16))
-  q = jax.eval_shape(jax_mla.pack_rows,
-                     jax.ShapeDtypeStruct((batch * tokens, heads, 512), jnp.float32))
-  args = [spec(x) for x in (*q, jax.ShapeDtypeStruct((batch, k), jnp.int32),
-                            jax.ShapeDtypeStruct((heads,), jnp.float32),
-                            jax.ShapeDtypeStruct((batch + 1,), jnp.int32), *pool)]
+  # The timed loops' own arguments (their types only), then the pool.
+  args = [spec(x) for x in (*jax.eval_shape(functools.partial(vf.call_args, shape)), *pool)]
 
   def decode(q, q_rope, idx, sink, indptr, kv, kv_rope):
     return vf.decode_call(kv, kv_rope, tokens, "pallas")(q, q_rope, idx, sink, indptr)
