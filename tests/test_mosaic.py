@@ -97,9 +97,10 @@ def check_against_oracle(batch, out, lse):
 
 
 # (heads, tokens, lengths, splits): 128 heads pair their CTAs, 64 and 16 x 4 do not; 40 splits
-# take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none.
+# take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none; 32 heads
+# fill half a row block, whose output the kernel writes without the padding rows.
 SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
-          (128, 1, [300, 0, 2500], 40)]
+          (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1)]
 
 
 @pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
@@ -117,8 +118,10 @@ def test_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, spli
                          with_modes(SHAPES, few_splits))
 def test_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, monkeypatch):
   rng = np.random.default_rng(num_heads * 10 + tokens_per_seq)
+  # A sink per head: each row's must be its head's (the kernel reads them per row).
   batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
-                     pool_rows=4096, sink=0.3, extra_indices=7)
+                     pool_rows=4096, sink=rng.normal(size=num_heads).astype(np.float32),
+                     extra_indices=7)
   out, lse = run(mode, monkeypatch, batch, num_kv_splits=splits)
   check_against_oracle(batch, out, lse)
 

@@ -1,10 +1,11 @@
 """The Mosaic GPU kernel on the CPU: Mosaic GPU's interpret mode runs its warpgroups as threads
 over simulated shared memory and mbarriers, with race detection. What it cannot run is the
 kernel's inline Mosaic IR (plgpu.inline_mgpu: the producer's per-thread loads and fp8
-conversions, the softmax's lane shuffles, a pair's PTX barriers and st.async into the peer),
-barriers shared across a cluster, a wgmma whose A operand is in registers, and the
-Triton-style merge kernel. `interpreted` replaces those with stand-ins written in Pallas and
-jnp, to the same contracts (pair_stand_ins says what the paired model leaves out);
+conversions, the softmax's lane shuffles, the epilogue's per-row sink loads, a pair's PTX
+barriers and st.async into the peer), barriers shared across a cluster, a wgmma whose A
+operand is in registers, and the Triton-style merge kernel. `interpreted` replaces those with
+stand-ins written in Pallas and jnp, to the same contracts (pair_stand_ins says what the
+paired model leaves out);
 everything else (the roles, their barriers and tile phases, the split plan, the masks, the
 softmax, the epilogues and the merges) is the kernel's own code. So a missing wait or arrival,
 a wrong tile or phase, or a block given to the wrong step or rows to the wrong CTA fails here,
@@ -168,6 +169,11 @@ def row_sum(x, *, lanes):
   return x.sum(axis=1) if x.ndim == 2 else x
 
 
+def row_sinks(sink_ref, row0, heads):
+  """consumer.row_sinks: row r's sink is sink_ref[r % heads]."""
+  return jnp.take(sink_ref[...], (row0 + jnp.arange(BLOCK)) % heads)
+
+
 def accumulate_pv(acc, p, k_tiles, at):
   """consumer.accumulate_pv: the interpreter's wgmma takes no operand from registers."""
   if not isinstance(p, jax.Array):
@@ -228,6 +234,7 @@ STAND_INS = [
     (mosaic_gather, "gather_step", gather_step),
     (mosaic_consumer, "running_max", running_max),
     (mosaic_consumer, "_row_sum", row_sum),
+    (mosaic_consumer, "row_sinks", row_sinks),
     (mosaic_consumer, "accumulate_pv", accumulate_pv),
 ]
 

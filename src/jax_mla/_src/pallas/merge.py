@@ -37,7 +37,8 @@ def merge_partials(parts, part_lse, sink_rows):
   """Combines split partials into the final result.
 
   Args:
-    parts: f32 [B, S, R, 512], each split's softmax-normalized output (0 where it saw nothing).
+    parts: f32 or bf16 [B, S, R, 512], each split's softmax-normalized output (0 where it saw
+      nothing), merged in f32.
     part_lse: f32 [B, S, R], natural-log denominators without the sink (-inf: nothing seen).
     sink_rows: f32 [R], the sink logit of each row (-inf: none; +inf: the output is 0).
 
@@ -48,7 +49,8 @@ def merge_partials(parts, part_lse, sink_rows):
   # kernels up to 16 splits (the weights; the weighted sum and its division) where the reduce
   # and the shares took three (benchmarks/xla_kernels.py, jax 0.11.2 and 0.12; dropping one
   # such kernel took 13.84 to 13.1 us at 128 heads, B 1, K 512 on the H200, 2026-12-05).
-  out, lse = lse_merge.merge(parts, part_lse, sink_rows[None, None, :], axis=1, unroll=True)
+  out, lse = lse_merge.merge(parts.astype(jnp.float32), part_lse, sink_rows[None, None, :],
+                             axis=1, unroll=True)
   return out.astype(jnp.bfloat16), lse[:, 0]
 
 
@@ -64,7 +66,7 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
   # load comes first, so the weights' arithmetic can run while it is in flight.
   parts = plgpu.load(parts_ref.at[seq, splits[:, :, None], rows[:, :, None], cols[None, None, :]],
                      mask=jnp.broadcast_to(real[:, :, None], (*real.shape, block_cols)),
-                     other=0.0)
+                     other=0.0).astype(jnp.float32)
   part_lse = plgpu.load(lse_ref.at[seq, splits, rows], mask=real, other=-jnp.inf)
   sink = sink_ref[pl.ds(row_block * block_rows, block_rows)]
   out, lse = lse_merge.merge(parts, part_lse, sink[None, :], axis=0)

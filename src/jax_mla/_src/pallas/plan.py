@@ -66,14 +66,17 @@ def sink_rows(sink, tokens_per_seq: int, padded_rows: int):
   return jnp.pad(rows, (0, padded_rows - rows.shape[0]), constant_values=-jnp.inf)
 
 
-def result_types(num_seqs: int, num_splits: int, padded_rows: int):
-  """The kernels' outputs: with one split the final bf16 out [B, R, 512] and lse [B, R]; with
-  more the f32 partials [B, S, R, 512] and their lse [B, S, R], for `pallas.merge`."""
+def result_types(num_seqs: int, num_splits: int, padded_rows: int, partials=jnp.float32,
+                 out_rows: int | None = None):
+  """The kernels' outputs: with one split the final bf16 out [B, out_rows, 512] (out_rows:
+  padded_rows unless given) and lse [B, R]; with more the partials [B, S, R, 512] (of dtype
+  `partials`) and their f32 lse [B, S, R], for `pallas.merge` (R: padded_rows)."""
   if num_splits == 1:
-    return (jax.ShapeDtypeStruct((num_seqs, padded_rows, layout.HEAD_DIM), jnp.bfloat16),
+    return (jax.ShapeDtypeStruct((num_seqs, out_rows or padded_rows, layout.HEAD_DIM),
+                                 jnp.bfloat16),
             jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
   return (
-      jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), jnp.float32),
+      jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows, layout.HEAD_DIM), partials),
       jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
 
 

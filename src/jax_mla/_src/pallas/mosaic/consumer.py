@@ -115,26 +115,68 @@ def accumulate_pv(acc, p, k_tiles, at):
   return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
+def row_sinks(sink_ref, row0, heads: int):
+  """f32 [64] in the WGMMA row layout: the sinks of rows row0 .. row0 + 63 of a sequence, row r's
+  sink_ref[r % heads] (a sequence's tokens repeat the heads'; a padding row past them gets a
+  head's sink too, and its results are not kept). Each thread reads its two rows' straight
+  from the sink [H], so no XLA kernel tiles or pads the sink into rows before the kernel
+  (benchmarks/xla_kernels.py: one kernel fewer per call at 16 x 4 and 32 heads)."""
+  plgpu = _plgpu()
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())),
+                     return_type=plgpu.ShapeDtypeStruct((BLOCK_ROWS,), jnp.float32,
+                                                        layout=row_layout))
+  def load(ctx, sink, first):
+    del ctx
+    return _emit_row_sinks(sink, first.registers.flat[0], heads)
+
+  return load(sink_ref, row0)
+
+
+def _emit_row_sinks(sink, row0, heads):
+  """row_sinks's IR: a thread of the warpgroup holds rows 16 * warp + lane // 4 and that + 8
+  (the WGMMA accumulator's rows, _thread_rows's order)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, gpu, memref
+  i32 = ir.IntegerType.get_signless(32)
+  c = lambda v: mgpu_utils.c(v, i32)
+  thread = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c(128))
+  first = arith.addi(arith.muli(arith.divui(thread, c(32)), c(16)),
+                     arith.divui(arith.remui(thread, c(32)), c(4)))
+  per_row = [memref.load(sink, [arith.index_cast(
+      ir.IndexType.get(), arith.remui(arith.addi(row0, arith.addi(first, c(h * 8))), c(heads)))])
+             for h in range(2)]
+  rows_layout = mgpu.WGMMA_ROW_LAYOUT
+  return _row_array(per_row, rows_layout, rows_layout.registers_shape((BLOCK_ROWS,)))
+
+
 def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref, out_ref,
-                  lse_ref, stage_smem=None):
+                  lse_ref, heads, stage_smem):
   """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and
   its m and l; half 0 also writes the lse. With one split: final bf16, sink and empty rows
-  applied; with more: the softmax-normalized f32 partial and its lse for pallas.merge.
+  applied; with more: the softmax-normalized bf16 partial and its f32 lse for pallas.merge.
 
-  stage_smem: a [64, 256] shared-memory tile this warpgroup may overwrite, of out_ref's dtype
-  (bf16 with one split, f32 with more). The output goes through it and one TMA copy, instead
-  of each thread storing its fragments of rows straight to global memory (4- or 8-byte
-  stores, eight rows apart)."""
+  stage_smem: a bf16 [64, 256] shared-memory tile this warpgroup may overwrite. The output
+  goes through it and one TMA copy, instead of each thread storing its fragments of rows
+  straight to global memory (4- or 8-byte stores, eight rows apart)."""
   plgpu = _plgpu()
 
-  def store(value, at):
-    if stage_smem is None:
-      out_ref[at] = value
-    else:
-      stage_smem[...] = value
-      plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
-      plgpu.copy_smem_to_gmem(stage_smem, out_ref.at[at])
-      plgpu.wait_smem_to_gmem(0)
+  def store(value, at, valid=BLOCK_ROWS):
+    """value [64, 256] into out_ref at `at`, of which the first `valid` rows (static) exist
+    there."""
+    stage_smem[...] = value
+    plgpu.commit_smem()  # every thread's stores, before the TMA engine reads the tile
+    tile = stage_smem if valid == BLOCK_ROWS else stage_smem.at[pl.ds(0, valid)]
+    plgpu.copy_smem_to_gmem(tile, out_ref.at[at])
+    # Before the CTA exits the copy must have read the tile; its global writes complete on
+    # their own (the kernel's end orders them for the next kernel), as CUTLASS's epilogues
+    # wait. Not slower than waiting for the writes (H100, 2026-12-05, mosaic_ab.py: 14.9
+    # against 15.1 us at 128 heads B 8 K 512, 12.1 and 12.1 at B 1).
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
@@ -143,17 +185,21 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   cols = pl.ds(half * HALF, HALF)
   rows = pl.ds(row0, BLOCK_ROWS)
   if num_splits == 1:
-    sink = mgpu_load(sink_ref.at[rows], layout=row_layout, optimized=False)
+    sink = row_sinks(sink_ref, row0, heads)
     total2 = logaddexp2(lse2, sink * LOG2E)
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
+    # An output of fewer rows than a block (one block, e.g. 32 heads) takes only those: no
+    # padding rows to slice off after the kernel (an XLA copy of the whole output).
+    valid = min(out_ref.shape[1], BLOCK_ROWS)
     store((acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype),
-          (seq, rows, cols))
+          (seq, pl.ds(row0, valid), cols), valid)
     # An empty row's lse is the sink itself, not its round trip through log2 units.
     lse_at, lse = (seq, rows), jnp.where(seen, total2 * LN2, sink)
   else:
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-    store(acc * lax.broadcast_in_dim(inv_l, acc.shape, [0]), (seq, split, rows, cols))
+    store((acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(out_ref.dtype),
+          (seq, split, rows, cols))
     lse_at, lse = (seq, split, rows), lse2 * LN2
 
   def write_lse():

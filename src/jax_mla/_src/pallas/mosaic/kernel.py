@@ -90,14 +90,16 @@ def scratch_types(pair=False):
   return scratch
 
 
-def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, s_full,
+def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
+           s_full,
            s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
   [T * H, 64] bf16; or (float_q) Q's values [T * H, 512] bf16 or f32, without a RoPE ref.
-  refs then: the pool, its RoPE, the sink; with two_sources the second source's indptr,
-  indices, pool and RoPE; then the outputs (out, lse). rows: query rows per sequence.
+  refs then: the pool, its RoPE, the sink f32 [heads]; with two_sources the second source's
+  indptr, indices, pool and RoPE; then the outputs (out, lse). rows: query rows per sequence
+  (tokens_per_seq * heads).
   score_scale_log2: kernel_math's. float_kv: per source (A, B), whether its pool holds float
   rows [R, 512] bf16 or f32 (a window cache as servers keep it), without a RoPE ref; the
   producer copies them into the K tile (mosaic.gather.gather_float: f32 rounded to bf16).
@@ -116,12 +118,11 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   picks one of the two, and the two CTAs share each block's gather. mosaic.decode has the
   speeds.
 
-  With one split each consumer writes its bf16 half of the output through its half of q_smem
-  and a TMA copy. Safe because warpgroup 1 never reads Q, warpgroup 0 has read its last QK's
-  operands before its loop ends, and warpgroup 1 writes only after ml_full, which warpgroup 0
-  arrives on after its loop (and after writing Q). (The f32 partials of
-  several splits went the same way, through an f32 tile laid over the dead K tiles: no faster
-  on the H200, 2026-12-03, so removed; benchmarks/README.md.)"""
+  Each consumer writes its bf16 half of the output (one split) or of its split's partial
+  through its half of q_smem and a TMA copy. Safe because warpgroup 1 never reads Q, warpgroup
+  0 has read its last QK's operands before its loop ends, and warpgroup 1 writes only after
+  ml_full, which warpgroup 0 arrives on after its loop (and after writing Q). bf16 partials
+  halve what the kernel writes and the merge reads (mosaic.decode has the figures)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if float_q:
     q_rope_ref = None
@@ -250,10 +251,11 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       plgpu.barrier_wait(k_full.at[tile])
 
   def write_half(acc, m_i, l_i, half):
-    stage = q_smem.at[half] if num_splits == 1 else None
+    # The results (the final output, or bf16 partials) leave through this warpgroup's half of
+    # q_smem and a TMA copy.
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
-                                  lse_ref=lse_ref, stage_smem=stage)
+                                  lse_ref=lse_ref, heads=heads, stage_smem=q_smem.at[half])
 
   def issue_qk(acc_ref, tile):
     for h in range(2):
