@@ -18,7 +18,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
-from jax_mla._src.jax_compat import mgpu_load
 from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
 
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
@@ -178,7 +177,6 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     # against 15.1 us at 128 heads B 8 K 512, 12.1 and 12.1 at B 1).
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  row_layout = plgpu.Layout.WGMMA.reduce(1)
   seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
   m_safe = jnp.where(seen, m_i, 0.0)
   lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)

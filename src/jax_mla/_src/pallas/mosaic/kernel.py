@@ -91,8 +91,7 @@ def scratch_types(pair=False):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
-           s_full,
-           s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
+           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
