@@ -13,7 +13,8 @@ passes over Q before the kernel, other register splits, split rules and merges) 
 with their figures in benchmarks/README.md; their code is in the history.
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
-writes softmax-normalized bf16 partials and their f32 lse, merged by `pallas.merge` (its "auto" choice).
+writes softmax-normalized bf16 partials and their f32 lse, merged by `pallas.merge` (its "auto"
+choice).
 Lengths and indices are device values: one executable serves every set of lengths. A second
 KV source (`extra`) is read by the same CTAs (mosaic.kernel: the producer reads either pool);
 without it, and at the default scale, the kernel lowers to the one-source kernel unchanged.
@@ -49,13 +50,6 @@ SPLIT_RULE = "waves"
 # relative error about 2^-22, far below bf16's): 3% faster on the H200 (2026-12-02, B 128,
 # K 2048: 419 us against 433).
 APPROX_MATH = True
-# The split partials are bf16 (each rounded to bf16 before pallas.merge sums them in f32; on
-# random data of 8 splits the output's norm-wise error grows from 1.7e-3, its own bf16
-# rounding, to 2.4e-3): half the bytes the kernel writes and the merge reads. H100, 2026-12-05
-# (benchmarks/mosaic_ab.py, against f32 partials): 14.9 against 19.3 us at 128 heads B 8
-# K 512 (the kernel 11.2 against 14.5), 17.5 against 23.0 at 16 x 4 B 32 K 512, 16.4 against
-# 21.0 at 32 heads B 32 K 512.
-PARTIALS_DTYPE = jnp.bfloat16
 
 
 def _plgpu():
@@ -117,10 +111,16 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                              heads=num_heads, pair=pair, **options)
   results = plgpu.kernel(
+      # The split partials are bf16 (each rounded to bf16 before pallas.merge sums them in
+      # f32; on random data of 8 splits the output's norm-wise error grows from 1.7e-3, its
+      # own bf16 rounding, to 2.4e-3): half the bytes the kernel writes and the merge reads.
+      # H100, 2026-12-05 (benchmarks/mosaic_ab.py, against f32 partials): 14.9 against 19.3 us
+      # at 128 heads B 8 K 512 (the kernel 11.2 against 14.5), 17.5 against 23.0 at 16 x 4
+      # B 32 K 512, 16.4 against 21.0 at 32 heads B 32 K 512.
       # With one row block the output has only the real rows (32 heads: 32 of 64); the kernel
       # writes those, so no XLA copy slices the padding off after it (H100, 2026-12-05: 30.5
       # against 37.6 us at 32 heads B 128 K 512).
-      kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows, PARTIALS_DTYPE,
+      kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows, jnp.bfloat16,
                                                 rows if row_blocks == 1 else padded_rows),
       scratch_types=scratch,
       # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
