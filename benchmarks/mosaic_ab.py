@@ -1,8 +1,9 @@
 """Variants of the Mosaic GPU kernel's settings, timed side by side in one run on one GPU.
 
 A variant is a name and overrides of the kernel modules' constants
-(`jax_mla._src.pallas.mosaic.{kernel,gather,consumer,decode}`, and `jax_mla._src.pallas.merge`
-and `.plan`, the split merge and the split planner), given as Python literals:
+(`jax_mla._src.pallas.mosaic.{kernel,gather,consumer,decode,pair}`, and
+`jax_mla._src.pallas.merge` and `.plan`, the split merge and the split planner), given as
+Python literals:
 
   --variant "regs:kernel.REGISTERS={True: {0: 192, 1: 160, 2: 152}, False: {0: 192, 1: 160, 2: 152}}"
   --variant "carry3:gather.CARRIED_GROUPS={True: 2, False: 3}"
@@ -33,7 +34,7 @@ import json
 import statistics
 
 MODULES = {name: f"jax_mla._src.pallas.mosaic.{name}"
-           for name in ("kernel", "gather", "consumer", "decode")}
+           for name in ("kernel", "gather", "consumer", "decode", "pair")}
 MODULES.update(merge="jax_mla._src.pallas.merge", plan="jax_mla._src.pallas.plan")
 DEFAULT_SHAPES = [[128, 1, 128, 2048], [128, 1, 64, 512], [64, 1, 128, 2048], [64, 1, 64, 512],
                   [16, 4, 64, 2048]]

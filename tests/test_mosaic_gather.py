@@ -14,6 +14,7 @@ from support.gpu_export import export_for
 from support.mosaic_tile import k_tile_kernel
 from jax_mla._src import layout
 from jax_mla._src.pallas.mosaic import gather as mg
+from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 from test_mosaic import GPU
 
 POOL = 4096
@@ -97,6 +98,16 @@ def test_work_split_writes_every_chunk_once_and_the_right_dims(ranks):
   for rank in ranks:
     if rank is not None:
       assert 16 * len(all_stores(rank)) == mg.PEER_BYTES
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(rank):
+  """mosaic.pair.copy_to_peer copies sent_range(rank, half) of both halves: every byte the
+  CTA's producer stored, nothing the peer stores itself, PEER_BYTES in all."""
+  stored = sorted(s[3] for s in all_stores(rank))
+  sent = [a for half in range(2) for first, size in [mosaic_pair.sent_range(rank, half)]
+          for a in range(first, first + size, 16)]
+  assert stored == sent and 16 * len(sent) == mg.PEER_BYTES
 
 
 @pytest.mark.parametrize("rank", [None, 0, 1])

@@ -142,10 +142,9 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, pair=None):
-  """Paired (pair = (rank, ready, tile)): the whole block into this CTA's tile, its own half
-  from the carried loads (see pair_stand_ins)."""
-  rank = None if pair is None else pair[0]
+                carried, *, clamp=False, rank=None):
+  """Paired (rank given): the whole block into this CTA's tile, its own half from the carried
+  loads (see pair_stand_ins)."""
   listed = _listed(idx_ref, kv_ref.shape[0], clamp)
 
   def row_of(r):
@@ -182,9 +181,10 @@ def accumulate_pv(acc, p, k_tiles, at):
 
 
 def pair_stand_ins(plgpu):
-  """Paired CTAs (mosaic.pair): the interpreter has no st.async into the peer's shared memory
-  and no barriers shared across a cluster, so each CTA's producer gathers the whole block into
-  its own tile (gather_step, gather_float) and the pair's barriers become each CTA's own:
+  """Paired CTAs (mosaic.pair): the interpreter has no st.async or bulk copy into the peer's
+  shared memory and no barriers shared across a cluster, so each CTA's producer gathers the
+  whole block into its own tile (gather_step, gather_float), copy_to_peer sends nothing, and
+  the pair's barriers become each CTA's own:
   `ready` a barrier the producer arrives on, k_free one its two consumers arrive on. What stays
   the kernel's: the cluster grid, each CTA's rows (its rank), its half of the carried loads,
   and the roles' order of waits and arrivals on those barriers. Not covered: the bytes that
@@ -208,6 +208,7 @@ def pair_stand_ins(plgpu):
       (mosaic_pair, "ready_barriers", ready_barriers),
       (mosaic_pair, "init_ready_barriers", lambda ready_ref: None),
       (mosaic_pair, "arrive_filled", arrive_filled),
+      (mosaic_pair, "copy_to_peer", lambda k_tile_ref, ready_ref, tile, rank: None),
       (mosaic_pair, "wait_filled", wait_filled),
       (mosaic_pair, "cluster_sync", lambda: None),
       (plgpu, "ClusterBarrier", cluster_barrier),

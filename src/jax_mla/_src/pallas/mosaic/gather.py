@@ -193,7 +193,7 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, pair=None):
+                carried, *, clamp=False, rank=None):
   """gather_dequantize of one block with its loads issued ahead: `carried` holds the loads of
   this block's first CARRIED_GROUPS[paired] row groups (gather_issue's, or the previous step's
   result); this converts every group of the block into k_smem, issuing each later group's
@@ -201,26 +201,23 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   next_num_valid) one group before it is needed, and returns the next block's carried loads.
   So a lane's loads are in flight while it converts, instead of each block waiting for its
   own. With no next block pass next_num_valid 0 and any readable next_idx_ref (its first
-  entry is read): its loads then read pool row 0. pair: gather_dequantize's."""
+  entry is read): its loads then read pool row 0. rank: gather_issue's; a pair's CTA stores its
+  half of the rows into its own tile only, and mosaic.pair.copy_to_peer sends them on."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
-               scalar, plgpu.RefType(k_tile_transforms()), carried_type(pair is not None).layout)
-  if pair is not None:  # rank, ready_ref, tile
-    arg_types += (scalar, plgpu.RefType(), scalar)
-
-  paired = pair is not None
+               scalar, plgpu.RefType(k_tile_transforms()), carried_type(rank is not None).layout)
+  paired = rank is not None
+  if paired:
+    arg_types += (scalar,)
   carried_groups = CARRIED_GROUPS[paired]
 
   @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
-           *pair_args):
+           *rank_arg):
     del ctx
-    peer = None
-    if pair_args:
-      rank, ready, tile = pair_args
-      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
-    emit = _FillEmitter(kv, rope, k, "bf16", peer)
+    emit = _FillEmitter(kv, rope, k, "bf16",
+                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None)
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
@@ -232,7 +229,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-              carried, *(pair or ()))
+              carried, *(() if rank is None else (rank,)))
 
 
 def _pack_carried(words, paired):
@@ -445,7 +442,8 @@ class _FillEmitter:
   def __init__(self, kv, rope, k, math, peer=None):
     """peer: (this CTA's rank in its pair, the shared::cta address of the peer-written tile's
     barrier): half the rows, each stored here and in the peer (gather_dequantize's pair); the
-    barrier None to issue loads only. k: the tile (None to issue loads only)."""
+    barrier None to store them here only (gather_step's). k: the tile (None to issue loads
+    only)."""
     # pylint: disable=import-outside-toplevel
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir

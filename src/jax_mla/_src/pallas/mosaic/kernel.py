@@ -11,7 +11,8 @@ Roles, per CTA (one sequence, 64 query rows, one KV split), after FlashMLA's sm9
   K tile `step % 2`, then signals k_full. Its loads run a block ahead: each step converts the
   words the previous one loaded and issues the next block's (2026-12-04, H200: 198.2 against
   202.7 us at 128 heads, B 128, K 2048). It refills a tile once both consumers freed it. With
-  paired CTAs (mosaic.pair) it gathers half of each block into both CTAs' tiles. A float pool
+  paired CTAs (mosaic.pair) it gathers half of each block into its own tile and sends that half
+  to the peer's by bulk copy (mosaic.pair.copy_to_peer; a float pool's by st.async). A float pool
   (bf16 or f32 rows, float_kv) it copies instead (`mosaic_gather.gather_float`: bf16 as it is,
   f32 rounded to bf16), into the same tile with the same barriers.
 - warpgroup 0: S = Q K^T over all 512 dims (one 64 x 64 accumulator), the online softmax,
@@ -191,8 +192,10 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         plgpu.barrier_wait(k_free.at[tile])
       return tile, ((rank, ready, tile) if pair else None)
 
-    def filled(tile):
+    def filled(tile, packed=True):
       if pair:
+        if packed:  # the rows this CTA gathered, on to the peer's tile (float rows: st.async)
+          mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank)
         mosaic_pair.arrive_filled(ready, tile)
       else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
@@ -207,7 +210,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
           block_idx, num_valid = block(step)
           mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
                                      pair=pair_args)
-          filled(tile)
+          filled(tile, packed=False)
       return
 
     def fill_step(step, carried):
@@ -218,7 +221,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
         carried = mosaic_gather.gather_step(
             kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
-            k_smem.at[tile], carried, clamp=True, pair=pair_args)
+            k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
         filled(tile)
       return carried
 

@@ -5,11 +5,20 @@ sm90 kernel pairs its two head blocks the same way). Passes the GPU tests on the
 10% faster there than the unpaired kernel (2026-12-03: 246.8 against 277.0 us at 128 heads,
 B 128, K 2048; benchmarks/README.md).
 
-The peer's half arrives by `st.async` (mosaic.gather's pair mode), which counts its bytes on an
-mbarrier of the receiving CTA, as a TMA copy does. Pallas does not expose its barriers'
+The peer's half of a packed pool's block arrives by one bulk copy per half of the tile
+(copy_to_peer: `cp.async.bulk` from the sender's tile into the receiver's, once the sender's
+producer has stored its rows locally), a float pool's by `st.async` (mosaic.gather's pair mode:
+each thread's 16-byte stores, once locally and once into the peer). Either counts its bytes
+on an mbarrier of the receiving CTA, as a TMA copy does. Pallas does not expose its barriers'
 addresses to inline PTX, so those "ready" barriers live in a plain int32 SMEM scratch
 (ready_barriers) and are driven here in PTX: per K tile one barrier that completes when this
 CTA's 128 producer threads have arrived and the peer's PEER_BYTES have landed.
+
+The bulk copy took the paired kernel from 175.9 to 158.4 us at 128 heads, B 128, K 2048 and
+from 28.9 to 26.4 at B 64, K 512 (H100, 2026-12-05, benchmarks/README.md): an ncu source view
+(H200) had the producer waiting on its shared-memory queue in 36% of its samples, behind the
+per-thread st.async stores (the unpaired producer, storing locally only: 7%). Float pools keep
+st.async: their bulk form has not run on a GPU.
 
 Lifetime: the barriers are initialized and published to the peer before anyone uses them
 (init_ready_barriers: a cluster-wide barrier), and neither CTA exits while the other may still
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mla._src.pallas.mosaic.gather import PEER_BYTES, barrier_address
+from jax_mla._src.pallas.mosaic.gather import BLOCK_ROWS, HALF, PEER_BYTES, barrier_address
 
 
 def ready_barriers(num_tiles):
@@ -88,10 +97,53 @@ def cluster_sync():
   sync()
 
 
+def sent_range(rank, half):
+  """(first byte, bytes) in a K tile of the rows a pair's CTA of rank `rank` fills in the tile's
+  half `half` (rows 32 rank .. 32 rank + 31: contiguous in the tile's (8, 32)-tiled layout)."""
+  size = PEER_BYTES // 2
+  return half * BLOCK_ROWS * HALF * 2 + rank * size, size
+
+
+def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
+  """Called by the producer warpgroup after its local stores of K tile `tile` (a packed pool's);
+  once every thread's stores are fenced for the async proxy, thread 0 copies this CTA's rows
+  (sent_range, each half of the tile) into the same place of the peer's tile, the bytes
+  counted on the peer's ready barrier of that tile (as st.async's are)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax_mla._src.pallas.mosaic.gather import _peer_window, k_tile_transforms
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(k_tile_transforms()), plgpu.RefType(), scalar,
+                                scalar))
+  def send(ctx, k, ready, tile_, rank_):
+    del ctx
+    mgpu_utils, ir, arith, llvm = _ir()
+    i32 = ir.IntegerType.get_signless(32)
+    k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
+    rank_value = rank_.registers.flat[0]
+    offset, peer_barrier = _peer_window(k_base, rank_value,
+                                        barrier_address(ready, tile_.registers.flat[0]))
+    _void_asm([], "fence.proxy.async.shared::cta;", "")
+    mgpu_utils.warpgroup_barrier()
+    lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
+    first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
+    size = sent_range(0, 0)[1]
+    source0 = arith.addi(k_base, arith.muli(rank_value, mgpu_utils.c(size, i32)))
+    for h in range(2):
+      source = arith.addi(source0, mgpu_utils.c(sent_range(0, h)[0], i32))
+      _void_asm([first, arith.addi(source, offset), source, mgpu_utils.c(size, i32),
+                 peer_barrier],
+                "@$0 cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+                "[$1], [$2], $3, [$4];", "b,r,r,r,r")
+
+  send(k_tile_ref, ready_ref, tile, rank)
+
+
 def arrive_filled(ready_ref, tile):
   """Called by the producer warpgroup after its gather into K tile `tile`: each thread fences
   its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects the
-  PEER_BYTES the peer's st.async deliver."""
+  PEER_BYTES the peer delivers (its bulk copy or its st.async)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())))
