@@ -1,0 +1,95 @@
+"""Where each warpgroup role of the Mosaic kernel stalls, from Nsight Compute's per-instruction
+warp-state samples.
+
+The kernel's roles run disjoint code, and each begins with its `setmaxnreg` (the SASS
+`USETMAXREG`, `mosaic.kernel.REGISTERS`: paired 216 for warpgroup 0, 160 for warpgroup 1, 128 for
+the producer; unpaired 192 / 160 / 152). So the SASS listing, split at those instructions, gives
+each role's samples: its share of issue ("selected") and of each stall reason, and the
+instructions it waits at most. The out-of-line barrier retry loops ptxas puts after `EXIT` fall
+in the last role's range; they hold few samples.
+
+Input: the source page of an `ncu --set full --import-source yes` report as CSV:
+  ncu --set full --import-source yes -k regex:mosaic --launch-skip 1 --launch-count 1 \\
+      -o REPORT python ...            # one launch of the decode
+  ncu -i REPORT.ncu-rep --page source --csv --print-source sass > FILE.csv
+Usage (anywhere; FILE may be gzipped):
+  python benchmarks/ncu_roles.py FILE.csv[.gz] [--top 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import re
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+ROLE_START = re.compile(r"USETMAXREG\.\S+ (?:\S+, )?(0x[0-9a-f]+)")
+
+
+def read_rows(path):
+  """The report's SASS rows as dicts (the CSV's second line is its header)."""
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt", newline="") as f:
+    lines = f.read().splitlines()
+  return list(csv.DictReader(io.StringIO("\n".join(lines[1:]))))
+
+
+def _count(text):
+  text = (text or "").replace(",", "")
+  return int(float(text)) if text else 0
+
+
+def roles(rows):
+  """[(label, [row, ...])]: 'prologue', then one range per setmaxnreg (labelled by its register
+  count), in program order."""
+  split = [("prologue", [])]
+  for row in rows:
+    match = ROLE_START.search(" ".join(row["Source"].split()))
+    if match:
+      split.append((f"setmaxnreg {int(match.group(1), 16)}", []))
+    split[-1][1].append(row)
+  return split
+
+
+def stall_shares(rows):
+  """{reason: its share of the rows' samples} (issue is 'selected')."""
+  total = sum(_count(r[SAMPLES]) for r in rows)
+  reasons = {}
+  for key in rows[0] if rows else ():
+    if key.startswith("stall_") and "Not Issued" not in key:
+      reasons[key[len("stall_"):]] = sum(_count(r[key]) for r in rows) / max(total, 1)
+  return dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
+def summary(rows, top=6):
+  """One text block per role: its share of all samples, its stall shares, its top waits."""
+  everything = sum(_count(r[SAMPLES]) for r in rows)
+  out = []
+  for label, part in roles(rows):
+    samples = sum(_count(r[SAMPLES]) for r in part)
+    if not samples:
+      continue
+    shares = stall_shares(part)
+    out.append(f"{label}: {samples} samples ({samples / everything:.0%} of the kernel's); "
+               + ", ".join(f"{k} {v:.0%}" for k, v in list(shares.items())[:6] if v))
+    hot = sorted(part, key=lambda r: -_count(r[SAMPLES]))[:top]
+    for r in hot:
+      reason = max((k for k in r if k.startswith("stall_") and "Not Issued" not in k),
+                   key=lambda k: _count(r[k]))
+      out.append(f"    {_count(r[SAMPLES]) / samples:5.1%}  {' '.join(r['Source'].split())[:56]}"
+                 f"  ({reason[len('stall_'):]})")
+  return "\n".join(out)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("csv")
+  parser.add_argument("--top", type=int, default=6)
+  args = parser.parse_args(argv)
+  print(summary(read_rows(args.csv), args.top))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,55 @@
+"""benchmarks/ncu_roles.py: an ncu source-page CSV split into the kernel's roles at their
+setmaxnreg, each role's samples summed by stall reason (its input needs a GPU and ncu; here a
+small CSV of the same form)."""
+
+import csv
+import gzip
+import io
+
+import ncu_roles
+
+HEADER = ["Address", "Source", ncu_roles.SAMPLES, "stall_long_sb", "stall_selected",
+          "stall_long_sb (Not Issued)"]
+SASS = [  # (source, long_sb, selected): the preamble, then two roles
+    ("LDC R1, c[0x0][0x28]", 0, 1),
+    ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xd8", 0, 2),
+    ("@!P2 BRA 0x7f00", 30, 0),
+    ("HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], R152", 0, 10),
+    ("USETMAXREG.DEALLOC.CTAPOOL 0x80", 0, 0),
+    ("LDG.E.128.CONSTANT R28, desc[UR14][R14.64]", 5, 5),
+]
+
+
+def write_csv(path, compress=False):
+  text = io.StringIO()
+  writer = csv.writer(text)
+  writer.writerow(["Kernel Name", "anonymous_mosaic_gpu_kernel"])
+  writer.writerow(HEADER)
+  for i, (source, long_sb, selected) in enumerate(SASS):
+    # ncu writes counts with thousands separators
+    writer.writerow([hex(i), source, f"{long_sb + selected:,}", long_sb, selected, 7])
+  if compress:
+    with gzip.open(path, "wt", newline="") as f:
+      f.write(text.getvalue())
+  else:
+    path.write_text(text.getvalue())
+
+
+def test_roles_split_at_setmaxnreg_and_sum_their_stalls(tmp_path):
+  path = tmp_path / "k.csv"
+  write_csv(path)
+  split = ncu_roles.roles(ncu_roles.read_rows(str(path)))
+  assert [label for label, _ in split] == ["prologue", "setmaxnreg 216", "setmaxnreg 128"]
+  assert [len(rows) for _, rows in split] == [1, 3, 2]
+  shares = ncu_roles.stall_shares(split[1][1])  # 42 samples: 30 waiting, 12 issuing
+  assert shares == {"long_sb": 30 / 42, "selected": 12 / 42}  # "Not Issued" columns left out
+  text = ncu_roles.summary(ncu_roles.read_rows(str(path)))
+  assert "setmaxnreg 216: 42 samples (79% of the kernel's); long_sb 71%, selected 29%" in text
+  assert "setmaxnreg 128: 10 samples (19% of the kernel's); long_sb 50%, selected 50%" in text
+
+
+def test_reads_a_gzipped_report(tmp_path):
+  plain, packed = tmp_path / "k.csv", tmp_path / "k.csv.gz"
+  write_csv(plain)
+  write_csv(packed, compress=True)
+  assert ncu_roles.read_rows(str(packed)) == ncu_roles.read_rows(str(plain))
