@@ -41,12 +41,21 @@ def _count(text):
   return int(float(text)) if text else 0
 
 
+def _source(row):
+  return " ".join(row["Source"].split())
+
+
+def _stall_keys(row):
+  """The row's stall-reason columns over all samples (not the "Not Issued" ones)."""
+  return [k for k in row if k.startswith("stall_") and "Not Issued" not in k]
+
+
 def roles(rows):
   """[(label, [row, ...])]: 'prologue', then one range per setmaxnreg (labelled by its register
   count), in program order."""
   split = [("prologue", [])]
   for row in rows:
-    match = ROLE_START.search(" ".join(row["Source"].split()))
+    match = ROLE_START.search(_source(row))
     if match:
       split.append((f"setmaxnreg {int(match.group(1), 16)}", []))
     split[-1][1].append(row)
@@ -56,10 +65,8 @@ def roles(rows):
 def stall_shares(rows):
   """{reason: its share of the rows' samples} (issue is 'selected')."""
   total = sum(_count(r[SAMPLES]) for r in rows)
-  reasons = {}
-  for key in rows[0] if rows else ():
-    if key.startswith("stall_") and "Not Issued" not in key:
-      reasons[key[len("stall_"):]] = sum(_count(r[key]) for r in rows) / max(total, 1)
+  reasons = {key[len("stall_"):]: sum(_count(r[key]) for r in rows) / max(total, 1)
+             for key in (_stall_keys(rows[0]) if rows else ())}
   return dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
@@ -76,9 +83,8 @@ def summary(rows, top=6):
                + ", ".join(f"{k} {v:.0%}" for k, v in list(shares.items())[:6] if v))
     hot = sorted(part, key=lambda r: -_count(r[SAMPLES]))[:top]
     for r in hot:
-      reason = max((k for k in r if k.startswith("stall_") and "Not Issued" not in k),
-                   key=lambda k: _count(r[k]))
-      out.append(f"    {_count(r[SAMPLES]) / samples:5.1%}  {' '.join(r['Source'].split())[:56]}"
+      reason = max(_stall_keys(r), key=lambda k: _count(r[k]))
+      out.append(f"    {_count(r[SAMPLES]) / samples:5.1%}  {_source(r)[:56]}"
                  f"  ({reason[len('stall_'):]})")
   return "\n".join(out)
 

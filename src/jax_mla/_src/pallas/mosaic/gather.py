@@ -205,9 +205,9 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   half of the rows into its own tile only, and mosaic.pair.copy_to_peer sends them on."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
-               scalar, plgpu.RefType(k_tile_transforms()), carried_type(rank is not None).layout)
   paired = rank is not None
+  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
+               scalar, plgpu.RefType(k_tile_transforms()), carried_type(paired).layout)
   if paired:
     arg_types += (scalar,)
   carried_groups = CARRIED_GROUPS[paired]
