@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import datetime
 import importlib
 import json
 import statistics
@@ -90,6 +91,10 @@ def main(argv=None):
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
   meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              method=f"vs_flashmla.py's: GPU busy time per call over {vf.STEPS} calls with "
+                     f"changing indices, net of the loop's index update; the variants "
+                     f"interleaved in each of {args.rounds} rounds, the median",
               variants={name: [f"{m.__name__.rsplit('.', 1)[1]}.{a}={v!r}"
                                for m, a, v in overrides] for name, overrides in variants})
   pool = jax.random.normal(jax.random.PRNGKey(0), (vf.POOL, 512), jnp.float32).astype(jnp.bfloat16)
