@@ -88,18 +88,22 @@ def with_modes(shapes, interpret=lambda shape: True):
 
 
 def with_modes_by(shapes, values, interpret):
-  """with_modes over each shape and each of `values` (appended to the shape's parameters):
-  interpret mode where interpret(shape, value)."""
-  return [pytest.param(mode.values[0], *shape, value, marks=mode.marks,
-                       id=f"{mode.id}-{i}-{value}")
+  """with_modes over each shape and each tuple of `values` (appended to the shape's
+  parameters): interpret mode where interpret(shape, value)."""
+  return [pytest.param(mode.values[0], *shape, *value, marks=mode.marks,
+                       id="-".join([mode.id, str(i), *map(_param_id, value)]))
           for i, shape in enumerate(shapes) for value in values
           for mode in modes(interpret(shape, value))]
 
 
-def f32_at_first_shape(shape, dtype):
+def _param_id(value):
+  return "-".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def f32_at_first_shape(shape, value):
   """Interpret mode for the float-input tables: bf16 at every shape few_splits takes, f32 (the
   same kernel after one rounding, which the copy's own test checks bit for bit) at the first."""
-  return few_splits(shape) and (dtype == "bfloat16" or shape == SHAPES[0])
+  return few_splits(shape) and (value[0] == "bfloat16" or shape == SHAPES[0])
 
 
 def abstract_args(batch):
@@ -242,7 +246,7 @@ def test_float_copy_matches_numpy_bit_for_bit(dtype, first_row, num_valid):
 
 
 @pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits,q_dtype",
-                         with_modes_by(SHAPES, ["bfloat16", "float32"], f32_at_first_shape))
+                         with_modes_by(SHAPES, [("bfloat16",), ("float32",)], f32_at_first_shape))
 def test_float_q_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, q_dtype,
                                    monkeypatch):
   """Float Q (q_rope None) on one source: the oracle on the Q values the kernel computes with
@@ -405,7 +409,7 @@ def test_the_kernel_gets_float_kv_only_for_float_pools(monkeypatch, forms, optio
 
 
 @pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits,dtype",
-                         with_modes_by(SHAPES, ["bfloat16", "float32"], f32_at_first_shape))
+                         with_modes_by(SHAPES, [("bfloat16",), ("float32",)], f32_at_first_shape))
 def test_float_pool_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, dtype,
                                        monkeypatch):
   """A float pool (kv_rope None) on one source: the oracle on the pool values the kernel
