@@ -83,13 +83,12 @@ def few_splits(shape):
 def with_modes(shapes, interpret=lambda shape: True):
   """(mode, *shape) parameters: each shape in hardware mode, and in interpret mode where
   interpret(shape) (it takes seconds per decode)."""
-  return [pytest.param(mode.values[0], *shape, marks=mode.marks, id=f"{mode.id}-{i}")
-          for i, shape in enumerate(shapes) for mode in modes(interpret(shape))]
+  return with_modes_by(shapes, [()], lambda shape, _: interpret(shape))
 
 
 def with_modes_by(shapes, values, interpret):
   """with_modes over each shape and each tuple of `values` (appended to the shape's
-  parameters): interpret mode where interpret(shape, value)."""
+  parameters and its id): interpret mode where interpret(shape, value)."""
   return [pytest.param(mode.values[0], *shape, *value, marks=mode.marks,
                        id="-".join([mode.id, str(i), *map(_param_id, value)]))
           for i, shape in enumerate(shapes) for value in values
