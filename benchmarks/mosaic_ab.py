@@ -15,7 +15,8 @@ vs_flashmla.py's: the public `jax_mla.decode(backend="pallas")` in a jitted loop
 whose indices change every call, GPU busy time per call from a profiler trace, net of the loop's
 index update, the variants interleaved within each of --rounds rounds, the median; the results
 file also lists the kernels each variant's loop ran (GPU us per call, last round), so a variant
-that moves time between the decode kernel and the merge shows where. This is how
+that moves time between the decode kernel and the merge shows where, and each variant's output
+against the default's (finite, max |difference|). This is how
 the register splits and carried row groups in benchmarks/README.md were chosen (2026-12-04).
 
 Usage (on the GPU machine, from the repository root):
@@ -33,6 +34,8 @@ import datetime
 import importlib
 import json
 import statistics
+
+import numpy as np
 
 MODULES = {name: f"jax_mla._src.pallas.mosaic.{name}"
            for name in ("kernel", "gather", "consumer", "decode", "pair")}
@@ -102,11 +105,11 @@ def main(argv=None):
   rows = []
   for shape in args.shapes:
     call_args = vf.call_args(shape)
-    runs = {}
+    runs, outputs = {}, {}
     for name, overrides in variants:
       with overridden(overrides):  # traced and compiled here, with the overrides
         runs[name] = vf.looped(vf.decode_call(kv, kv_rope, shape[1], "pallas"))
-        jax.block_until_ready(runs[name](*call_args))
+        outputs[name] = np.asarray(runs[name](*call_args), np.float32)
     runs["index_update"] = vf.looped(vf.index_update)
     jax.block_until_ready(runs["index_update"](*call_args))
     times, kernels = vf.device_rounds(runs, call_args, args.rounds)
@@ -114,10 +117,17 @@ def main(argv=None):
     row = dict(heads=shape[0], tokens_per_seq=shape[1], batch=shape[2], k=shape[3],
                us={name: statistics.median(times[name]) - update for name, _ in variants},
                rounds={name: times[name] for name, _ in variants}, index_update_us=update,
-               kernels={name: vf.rounded_kernels(kernels[name]) for name in runs})
+               kernels={name: vf.rounded_kernels(kernels[name]) for name in runs},
+               # Each variant's last output against the default's: a variant meant to change
+               # only the speed should give the same numbers (0 where it keeps the arithmetic).
+               finite={name: bool(np.isfinite(out).all()) for name, out in outputs.items()},
+               max_abs_diff={name: float(np.abs(out - outputs["default"]).max())
+                             for name, out in outputs.items()})
     rows.append(row)
     print(f"H{shape[0]}x{shape[1]} B{shape[2]} K{shape[3]}: " + ", ".join(
-        f"{name} {us:.1f} us" for name, us in row["us"].items()), flush=True)
+        f"{name} {us:.1f} us" for name, us in row["us"].items()) + "; max |diff| " + ", ".join(
+            f"{name} {d:.3g}" for name, d in row["max_abs_diff"].items() if name != "default")
+          + ("" if all(row["finite"].values()) else f"; NOT FINITE: {row['finite']}"), flush=True)
     if args.out:  # after every shape, so a run cut by a time limit keeps what it measured
       with open(args.out, "w") as out:
         json.dump(dict(meta=meta, rows=rows), out, indent=1)
