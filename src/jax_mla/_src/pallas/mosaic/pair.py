@@ -99,7 +99,9 @@ def cluster_sync():
 
 def sent_range(rank, half):
   """(first byte, bytes) in a K tile of the rows a pair's CTA of rank `rank` fills in the tile's
-  half `half` (rows 32 rank .. 32 rank + 31: contiguous in the tile's (8, 32)-tiled layout)."""
+  half `half` (rows 32 rank .. 32 rank + 31: contiguous in the tile's (8, 32)-tiled layout).
+  rank: a Python int (tests) or an i32 IR value (mosaic.gather._Int; the first byte is one
+  too)."""
   size = PEER_BYTES // 2
   return half * BLOCK_ROWS * HALF * 2 + rank * size, size
 
@@ -111,7 +113,7 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
   counted on the peer's ready barrier of that tile (as st.async's are)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from jax_mla._src.pallas.mosaic.gather import _peer_window, k_tile_transforms
+  from jax_mla._src.pallas.mosaic.gather import _Int, _peer_window, k_tile_transforms
   scalar = plgpu.Layout.WG_SPLAT(shape=())
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(k_tile_transforms()), plgpu.RefType(), scalar,
@@ -128,10 +130,9 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
     mgpu_utils.warpgroup_barrier()
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
-    size = sent_range(0, 0)[1]
-    source0 = arith.addi(k_base, arith.muli(rank_value, mgpu_utils.c(size, i32)))
     for h in range(2):
-      source = arith.addi(source0, mgpu_utils.c(sent_range(0, h)[0], i32))
+      start, size = sent_range(_Int(rank_value), h)
+      source = arith.addi(k_base, start.value)
       _void_asm([first, arith.addi(source, offset), source, mgpu_utils.c(size, i32),
                  peer_barrier],
                 "@$0 cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
