@@ -1,5 +1,12 @@
 """benchmarks/vs_flashmla.py's suites (its timing needs a GPU and FlashMLA): "flash" and
-"others" split "all" exactly, so a run cut by a time limit can be completed by the other."""
+"others" split "all" exactly, so a run cut by a time limit can be completed by the other; and
+the README's tables of its runs are the results files they name."""
+
+import json
+import math
+import pathlib
+import re
+import statistics
 
 import pytest
 
@@ -46,3 +53,50 @@ def test_the_timed_loop_runs_the_public_decode_with_changing_indices():
   assert not one_rounding(got, before)
   update = np.asarray(vs_flashmla.looped(vs_flashmla.index_update)(*args))
   np.testing.assert_array_equal(update, np.asarray(moved(vs_flashmla.STEPS - 1)))
+
+
+# --- the README's tables are the results files they name ----------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def readme_section(heading):
+  """The README's paragraphs from the bold `heading` to the next bold or section heading, as
+  `text` (for the table rows) and with whitespace collapsed as `prose`."""
+  text = (ROOT / "README.md").read_text()
+  start = text.index(heading)
+  end = min(i for i in (text.find("\n**", start + 1), text.find("\n#", start)) if i > 0)
+  return text[start:end], " ".join(text[start:end].split())
+
+
+def results_rows(section, suffix):
+  """The rows of the first results file `section` names ending in `suffix` (the latest run)."""
+  path = re.search(r"`(benchmarks/results/[^`]+" + re.escape(suffix) + ")`", section).group(1)
+  return json.loads((ROOT / path).read_text())["rows"]
+
+
+def test_readme_flashmla_table_is_its_results_file():
+  text, prose = readme_section("**Against FlashMLA, side by side.**")
+  rows = results_rows(text, "_flash.json")
+  ratio = {(r["heads"], r["batch"], r["k"]): r["flashmla_over_jax_mla"] for r in rows}
+  table = re.findall(r"^\| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+  assert len(table) == len(ratio) // 3 == 10
+  for heads, batch, *cells in table:
+    for k, cell in zip((512, 1024, 2048), cells):
+      assert cell == f"{ratio[int(heads), int(batch), k]:.2f}", (heads, batch, k)
+  above = sum(r >= 1.0 for r in ratio.values())
+  geomean = math.exp(statistics.fmean(math.log(r) for r in ratio.values()))
+  assert f"{above} of {len(ratio)} shapes at or above 1.0, geometric mean {geomean:.3f}" in prose
+
+
+def test_readme_plain_xla_table_is_its_results_file():
+  text, _ = readme_section("**Against plain XLA.**")
+  rows = {(r["heads"], r["tokens_per_seq"], r["batch"], r["k"]): r
+          for r in results_rows(text, "_others.json")}
+  table = re.findall(r"^\| (\d+) x (\d+) \| (\d+) \| ([\d.]+) \(([\d.]+)(?: us)?\) \| "
+                     r"([\d.]+) \(([\d.]+)(?: us)?\) \|$", text, re.M)
+  assert len(table) * 2 == len(rows) == 12
+  for heads, tokens, batch, *cells in table:
+    for k, (over, us) in zip((512, 2048), (cells[:2], cells[2:])):
+      row = rows[int(heads), int(tokens), int(batch), k]
+      assert (over, us) == (f"{row['jax_mla_over_plain']:.2f}", f"{row['jax_mla_us']:.1f}")
