@@ -62,17 +62,15 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
   assert len(banks) == 8
 
 
-def all_stores(rank=None, q_half=None):
+def all_stores(rank=None):
   """Every 16-byte store of gather_dequantize's work split: (warp, lane, its step, its address,
   the (row, dim) it writes first), in issue order per lane (rows, lines, then the RoPE
-  piece). rank: one CTA's share of a paired block (its stores go to both CTAs). q_half: one
-  warpgroup's share of a Q block (gather_consecutive's half)."""
+  piece). rank: one CTA's share of a paired block (its stores go to both CTAs)."""
   stores = []
   for warp, lane in itertools.product(range(4), range(32)):
     row_in_group, piece, rope_piece = mg.lane_work(lane)
-    for group in range(mg.groups_per_warp(rank is not None or q_half is not None)):
-      row = (mg.block_row(warp, group, row_in_group, rank) if q_half is None
-             else mg.q_half_row(warp, group, row_in_group, q_half))
+    for group in range(mg.groups_per_warp(rank is not None)):
+      row = mg.block_row(warp, group, row_in_group, rank)
       for line in range(mg.FP8_LINES):
         if line * mg.LINE + piece * 16 >= layout.NOPE_DIM:
           continue  # the last line's pieces past the fp8 data (scales, padding)
@@ -102,19 +100,6 @@ def test_work_split_writes_every_chunk_once_and_the_right_dims(ranks):
       assert 16 * len(all_stores(rank)) == mg.PEER_BYTES
 
 
-def test_q_halves_write_every_chunk_once_and_split_any_row_count_evenly():
-  """Two warpgroups sharing a Q block (gather_consecutive's half) store every chunk once
-  between them, each lane the dims it stores in the whole-block split, and the rows below any
-  multiple of 8 (32 heads: 32 valid rows) go half to each."""
-  halves = [all_stores(q_half=half) for half in (0, 1)]
-  assert sorted(s[3] for h in halves for s in h) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
-  lane_dims = lambda stores: {(lane, step[1:], dim) for _, lane, step, _, (_, dim) in stores}
-  assert lane_dims(halves[0]) == lane_dims(halves[1]) == lane_dims(all_stores())
-  rows = [{s[4][0] for s in h} for h in halves]
-  for valid in range(8, 65, 8):
-    assert [len([r for r in half if r < valid]) for half in rows] == [valid // 2] * 2
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(rank):
   """mosaic.pair.copy_to_peer copies sent_range(rank, half) of both halves: every byte the
@@ -125,11 +110,10 @@ def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(rank):
   assert stored == sent and 16 * len(sent) == mg.PEER_BYTES
 
 
-@pytest.mark.parametrize("rank,q_half", [(None, None), (0, None), (1, None), (None, 0),
-                                         (None, 1)])
-def test_work_split_stores_and_loads_without_conflicts(rank, q_half):
+@pytest.mark.parametrize("rank", [None, 0, 1])
+def test_work_split_stores_and_loads_without_conflicts(rank):
   by_instruction = {}
-  for warp, lane, step, address, _ in all_stores(rank, q_half):
+  for warp, lane, step, address, _ in all_stores(rank):
     by_instruction.setdefault((warp, step, lane // 8), []).append(address)
   for quarter_warp in by_instruction.values():  # one wavefront of 16-byte stores
     assert len(quarter_warp) == 8 and len({a % 128 // 16 for a in quarter_warp}) == 8

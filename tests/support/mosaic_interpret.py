@@ -89,7 +89,7 @@ def _store(tile, r, values):
   tile[1, pl.ds(r, 1), :] = values[:, mosaic_gather.HALF:]
 
 
-def _fill(kv_ref, rope_ref, row_of, num_valid, tile, half=None):
+def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
   """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it, and row_of is not
   called there (the kernel reads no index past a block's valid rows). A negative row (a
   carried load that says "no row" where the block has one: loads handed to the wrong block)
@@ -103,11 +103,7 @@ def _fill(kv_ref, rope_ref, row_of, num_valid, tile, half=None):
     values = lax.cond(r < num_valid, lambda: valid_row(r),
                       lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
     _store(tile, r, values)
-  if half is None:
-    lax.fori_loop(0, BLOCK, body, None)
-  else:  # q_half_row's rows: every other group of four
-    lax.fori_loop(0, BLOCK // 8, lambda i, _: lax.fori_loop(
-        0, 4, lambda j, _: body(i * 8 + half * 4 + j, None), None), None)
+  lax.fori_loop(0, BLOCK, body, None)
 
 
 def _listed(idx_ref, num_rows, clamp):
@@ -117,8 +113,8 @@ def _listed(idx_ref, num_rows, clamp):
   return row_of
 
 
-def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem, half=None):
-  _fill(rows_ref, rope_ref, lambda r: first_row + r, num_valid, smem, half)
+def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
+  _fill(rows_ref, rope_ref, lambda r: first_row + r, num_valid, smem)
 
 
 def copy_consecutive(rows_ref, first_row, num_valid, smem):
@@ -195,8 +191,7 @@ def pair_stand_ins(plgpu):
   def ready_barriers(num_tiles):
     return plgpu.Barrier(num_arrivals=1, num_barriers=num_tiles)
 
-  def arrive_filled(ready_ref, tile, fence=True):
-    del fence  # the interpreter's copy_to_peer sends nothing, so nothing was fenced
+  def arrive_filled(ready_ref, tile):
     plgpu.commit_smem()
     plgpu.barrier_arrive(ready_ref.at[tile])
 

@@ -104,14 +104,6 @@ def block_row(warp, group, row_in_group, rank=None):
   return rank * (BLOCK_ROWS // 2) + warp * (BLOCK_ROWS // 8) + group * ROWS_PER_LOAD + row_in_group
 
 
-def q_half_row(warp, group, row_in_group, half):
-  """The block row (0..63) that a warp's lanes with `row_in_group` fill in row group `group`
-  (0 or 1) when two warpgroups share a Q block (gather_consecutive's half): half `half` takes
-  every other group of four rows, so a block of fewer valid rows (32 heads) still splits
-  evenly. Python ints (tests) or IR values (_Int) alike."""
-  return warp * (BLOCK_ROWS // 4) + (group * 2 + half) * ROWS_PER_LOAD + row_in_group
-
-
 def groups_per_warp(paired):
   return BLOCK_ROWS // (8 if paired else 4) // ROWS_PER_LOAD
 
@@ -285,12 +277,10 @@ def barrier_address(ref, index):
   return arith.addi(base, arith.muli(index, mgpu_utils.c(8, i32)))
 
 
-def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem, half=None):
+def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
   """gather_dequantize for rows first_row .. first_row + 63 of packed rows (rows_ref [N, 512]
   uint8, rope_ref [N, 64] bf16): the packed fp8 Q of a block of query rows, dequantized into
-  a tile shaped like K's. Rows at or past num_valid are zeros and not read. half (0 or 1, a
-  Python int): only the rows of that half (q_half_row), so that two warpgroups share the
-  block."""
+  a tile shaped like K's. Rows at or past num_valid are zeros and not read."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(),
@@ -300,7 +290,7 @@ def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem, half=None
   def fill(ctx, rows, rope, first, valid_count, tile):
     del ctx
     _emit_fill(rows, rope, valid_count.registers.flat[0], tile, "f32",
-               first_row=first.registers.flat[0], q_half=half)
+               first_row=first.registers.flat[0])
 
   fill(rows_ref, rope_ref, first_row, num_valid, smem)
 
@@ -449,11 +439,11 @@ class _FillEmitter:
   stores them into the tile. The one-shot fill (_emit_fill) and the pipelined producer step
   (gather_step: the next block's loads in flight while this one is converted) share them."""
 
-  def __init__(self, kv, rope, k, math, peer=None, q_half=None):
+  def __init__(self, kv, rope, k, math, peer=None):
     """peer: (this CTA's rank in its pair, the shared::cta address of the peer-written tile's
     barrier): half the rows, each stored here and in the peer (gather_dequantize's pair); the
     barrier None to store them here only (gather_step's). k: the tile (None to issue loads
-    only). q_half (0 or 1, a Python int): the rows of q_half_row's half only, stored here."""
+    only)."""
     # pylint: disable=import-outside-toplevel
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
@@ -482,8 +472,7 @@ class _FillEmitter:
     self.second_tile = arith.divui(self.piece, self.c32(4))
     self.in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, self.piece,
                              self.c32(layout.NOPE_DIM % LINE // CHUNK))
-    self.q_half = q_half
-    self.groups = groups_per_warp(peer is not None or q_half is not None)
+    self.groups = groups_per_warp(peer is not None)
 
   def c32(self, v):
     return self.mgpu_utils.c(v, self.i32)
@@ -493,8 +482,6 @@ class _FillEmitter:
 
   def row(self, group):
     """The block row this lane fills in row group `group`."""
-    if self.q_half is not None:
-      return q_half_row(_Int(self.warp), group, _Int(self.row_in_group), self.q_half).value
     return block_row(_Int(self.warp), group, _Int(self.row_in_group),
                      None if self.rank is None else _Int(self.rank)).value
 
@@ -611,10 +598,10 @@ _SCALED = {
 
 
 def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
-               peer=None, q_half=None):
+               peer=None):
   """The one-shot gather's IR: rows idx[r] (or first_row + r) for r < valid_count, the loads of
-  GROUPS_IN_FLIGHT row groups issued before any is converted. peer, q_half: _FillEmitter's."""
-  emit = _FillEmitter(kv, rope, k, math, peer, q_half)
+  GROUPS_IN_FLIGHT row groups issued before any is converted. peer: _FillEmitter's."""
+  emit = _FillEmitter(kv, rope, k, math, peer)
   for first in range(0, emit.groups, GROUPS_IN_FLIGHT):
     groups = range(first, first + GROUPS_IN_FLIGHT)
     loaded = [emit.issue(g, valid_count, idx=idx, first_row=first_row, clamp=clamp)

@@ -55,9 +55,6 @@ NUM_K_TILES = 2
 # 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
 # lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
 REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
-# A/B switch: a packed Q block dequantized by both consumers, 32 rows each (warpgroup 1 is
-# idle until the first P), instead of by warpgroup 0 alone.
-Q_LOAD_SPLIT = True
 
 
 def region(name):
@@ -80,8 +77,6 @@ def scratch_types(pair=False):
       k_smem=k_tiles,
   )
   scratch.update(s_full=plgpu.Barrier(num_arrivals=1), s_free=plgpu.Barrier(num_arrivals=1))
-  if Q_LOAD_SPLIT:
-    scratch.update(q_full=plgpu.Barrier(num_arrivals=1))
   scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                  # Row factors per step; m and l after the last.
                  rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
@@ -97,8 +92,7 @@ def scratch_types(pair=False):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
-           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, q_full=None,
-           pair=False,
+           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
@@ -202,8 +196,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       if pair:
         if packed:  # the rows this CTA gathered, on to the peer's tile (float rows: st.async)
           mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank)
-        mosaic_pair.arrive_filled(ready, tile,
-                                  fence=not packed or mosaic_pair.REFENCE_AFTER_COPY)
+        mosaic_pair.arrive_filled(ready, tile)
       else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
         plgpu.barrier_arrive(k_full.at[tile])
@@ -361,22 +354,13 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
                                        jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
       else:
         mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
-                                         jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem,
-                                         half=None if q_full is None else 0)
+                                         jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
       plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
-      if q_full is not None and not float_q:
-        plgpu.barrier_wait(q_full)  # warpgroup 1's half of Q
     softmax_for_both()
 
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
-    if q_full is not None and not float_q:
-      with region("q_load"):
-        mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
-                                         jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem, half=1)
-        plgpu.commit_smem()  # the stores, before warpgroup 0's wgmma reads them
-        plgpu.barrier_arrive(q_full)
     pv_from_shared_p()
 
   if pair:

@@ -31,10 +31,6 @@ import jax.numpy as jnp
 
 from jax_mla._src.pallas.mosaic.gather import BLOCK_ROWS, HALF, PEER_BYTES, barrier_address
 
-# A/B switch: arrive_filled's proxy fence after copy_to_peer (which fenced the same stores
-# before its warpgroup barrier) kept (True) or dropped (False).
-REFENCE_AFTER_COPY = True
-
 
 def ready_barriers(num_tiles):
   """The scratch type of the ready barriers: one 8-byte mbarrier (two int32) per K tile."""
@@ -145,7 +141,7 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
   send(k_tile_ref, ready_ref, tile, rank)
 
 
-def arrive_filled(ready_ref, tile, fence=True):
+def arrive_filled(ready_ref, tile):
   """Called by the producer warpgroup after its gather into K tile `tile`: each thread fences
   its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects the
   PEER_BYTES the peer delivers (its bulk copy or its st.async)."""
@@ -159,8 +155,7 @@ def arrive_filled(ready_ref, tile, fence=True):
     address = barrier_address(ready, tile_.registers.flat[0])
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
-    if fence:
-      _void_asm([], "fence.proxy.async.shared::cta;", "")
+    _void_asm([], "fence.proxy.async.shared::cta;", "")
     _void_asm([first, address, mgpu_utils.c(PEER_BYTES, i32)],
               "{\n\t.reg .pred rest;\n\t.reg .b64 state;\n\tnot.pred rest, $0;\n\t"
               "@$0 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [$1], $2;\n\t"
