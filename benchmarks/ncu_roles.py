@@ -10,7 +10,7 @@ in the last role's range; they hold few samples.
 
 Input: the source page of an `ncu --set full --import-source yes` report as CSV:
   ncu --set full --import-source yes -k regex:mosaic --launch-skip 1 --launch-count 1 \\
-      -o REPORT python ...            # one launch of the decode
+      -o REPORT python benchmarks/ncu_decode.py 128 1 128 2048   # one launch of the decode
   ncu -i REPORT.ncu-rep --page source --csv --print-source sass > FILE.csv
 Usage (anywhere; FILE may be gzipped):
   python benchmarks/ncu_roles.py FILE.csv[.gz] [--top 6]

@@ -1,6 +1,7 @@
 """benchmarks/ncu_roles.py: an ncu source-page CSV split into the kernel's roles at their
 setmaxnreg, each role's samples summed by stall reason (its input needs a GPU and ncu; here a
-small CSV of the same form)."""
+small CSV of the same form); and benchmarks/ncu_decode.py, the decode ncu profiles, here on
+the reference backend."""
 
 import csv
 import gzip
@@ -53,3 +54,14 @@ def test_reads_a_gzipped_report(tmp_path):
   write_csv(plain)
   write_csv(packed, compress=True)
   assert ncu_roles.read_rows(str(packed)) == ncu_roles.read_rows(str(plain))
+
+
+def test_ncu_decode_runs_the_public_decode_on_the_timed_runs_data():
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import pytest  # pylint: disable=import-outside-toplevel
+  import ncu_decode  # pylint: disable=import-outside-toplevel
+  out = np.asarray(ncu_decode.main(["16", "1", "2", "64", "--backend", "reference"]),
+                   np.float32)
+  assert out.shape == (2, 16, 512) and np.isfinite(out).all() and np.abs(out).max() > 0
+  with pytest.raises(SystemExit):
+    ncu_decode.main(["16", "1", "2", "64", "--calls", "0"])
