@@ -89,8 +89,6 @@ def main(argv=None):
     raise SystemExit("variant names must differ from each other and from 'default'")
 
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import jax_mla  # pylint: disable=import-outside-toplevel
   import vs_flashmla as vf  # pylint: disable=import-outside-toplevel
 
   meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
@@ -100,8 +98,7 @@ def main(argv=None):
                      f"interleaved in each of {args.rounds} rounds, the median",
               variants={name: [f"{m.__name__.rsplit('.', 1)[1]}.{a}={v!r}"
                                for m, a, v in overrides] for name, overrides in variants})
-  pool = jax.random.normal(jax.random.PRNGKey(0), (vf.POOL, 512), jnp.float32).astype(jnp.bfloat16)
-  kv, kv_rope = jax_mla.pack_rows(pool)
+  kv, kv_rope = vf.packed_pool()
   rows = []
   for shape in args.shapes:
     call_args = vf.call_args(shape)

@@ -29,12 +29,8 @@ def main(argv=None):
   if args.calls < 1:
     parser.error("--calls must be at least 1")
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import jax_mla  # pylint: disable=import-outside-toplevel
 
-  pool = jax.random.normal(jax.random.PRNGKey(0), (vs_flashmla.POOL, 512),
-                           jnp.float32).astype(jnp.bfloat16)
-  kv, kv_rope = jax_mla.pack_rows(pool)
+  kv, kv_rope = vs_flashmla.packed_pool()
   call = jax.jit(vs_flashmla.decode_call(kv, kv_rope, args.shape[1], args.backend))
   call_args = vs_flashmla.call_args(tuple(args.shape))
   for _ in range(args.calls):

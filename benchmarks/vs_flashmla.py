@@ -76,13 +76,19 @@ def flops(heads, tokens, batch, k):
 
 # --- jax_mla and plain XLA (this process) -------------------------------------------------------
 
-def make_pool(pool_dir):
-  """The packed pool (jax arrays), also saved in FlashMLA's byte order for the child."""
+def packed_pool():
+  """The timed runs' pool, packed (jax arrays kv, kv_rope): POOL rows of bf16-valued normals."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import jax_mla  # pylint: disable=import-outside-toplevel
   pool = jax.random.normal(jax.random.PRNGKey(0), (POOL, 512), jnp.float32).astype(jnp.bfloat16)
-  kv, kv_rope = jax_mla.pack_rows(pool)
+  return jax_mla.pack_rows(pool)
+
+
+def make_pool(pool_dir):
+  """The packed pool (packed_pool), also saved in FlashMLA's byte order for the child."""
+  import jax_mla  # pylint: disable=import-outside-toplevel
+  kv, kv_rope = packed_pool()
   np.save(os.path.join(pool_dir, "flashmla_cache.npy"),
           np.asarray(jax_mla.to_flashmla(kv, kv_rope, BLOCK)))
   return kv, kv_rope
@@ -323,8 +329,14 @@ def print_table(rows):
           f"{r.get('flashmla_tflops', float('nan')):>7.0f} {ratio or float('nan'):>16.3f} "
           f"{r.get('jax_mla_over_plain', float('nan')):>13.2f}")
   if ratios:
-    print(f"FlashMLA/jax_mla: {sum(x >= 1 for x in ratios)} of {len(ratios)} shapes >= 1.0, "
-          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}")
+    above, geomean = summary(ratios)
+    print(f"FlashMLA/jax_mla: {above} of {len(ratios)} shapes >= 1.0, geometric mean "
+          f"{geomean:.3f}")
+
+
+def summary(ratios):
+  """(how many of the FlashMLA / jax_mla ratios are at or above 1.0, their geometric mean)."""
+  return sum(x >= 1 for x in ratios), float(np.exp(np.mean(np.log(ratios))))
 
 
 if __name__ == "__main__":
