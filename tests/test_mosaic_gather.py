@@ -181,40 +181,27 @@ def test_fp8_nan_codes_give_nan_and_nothing_else():
   assert (np.isnan(full) == want_nan).all()
 
 
-@pytest.mark.parametrize("index_first", [True, False])
 @pytest.mark.parametrize("paired", [False, True])
-def test_pipelined_producer_loads_every_group_once_before_it_converts(paired, index_first,
-                                                                       monkeypatch):
+def test_pipelined_producer_loads_every_group_once_before_it_converts(paired):
   """gather_step's schedule over consecutive blocks (gather_issue's prologue first): each row
   group of each block is loaded exactly once, before its conversion, in block order, with at
-  most CARRIED_GROUPS + 1 groups' words live, and every group but the first converted after
-  a load was issued behind the previous conversion (so loads fly while it converts)."""
-  monkeypatch.setattr(mg, "INDEX_LOADS_FIRST", index_first)
+  most CARRIED_GROUPS + 1 groups' words live."""
   groups = mg.groups_per_warp(paired)
   carried = mg.CARRIED_GROUPS[paired]
   blocks = 3
   queue = [(0, g) for g in range(carried)]  # gather_issue: block 0's first groups
   loaded, converted = list(queue), []
   for block in range(blocks):
-    schedule = mg.step_schedule(groups, carried)
-    assert sorted(kind for kind, _ in schedule) == ["convert"] * groups + ["issue"] * groups
-    for i, (kind, item) in enumerate(schedule):
-      if kind == "issue":
-        offset, ahead = item
-        queue.append((block + offset, ahead))
-        loaded.append((block + offset, ahead))
-        assert len(queue) <= carried + 1
-      else:
-        assert queue.pop(0) == (block, item)
-        converted.append((block, item))
-        if item > 0:
-          assert schedule[i - 1][0] == "issue"
+    for (offset, ahead), g in mg.step_schedule(groups, carried):
+      queue.append((block + offset, ahead))
+      loaded.append((block + offset, ahead))
+      assert len(queue) <= carried + 1
+      assert queue.pop(0) == (block, g)
+      converted.append((block, g))
   every = [(b, g) for b in range(blocks) for g in range(groups)]
   assert converted == every
   assert loaded[:len(every)] == every  # the rest: the block after the last, row 0 of the pool
   assert queue == [(blocks, g) for g in range(carried)]
-  # Read first, each index has a conversion's time before its row loads need it.
-  assert (schedule[0] == ("convert", 0)) == index_first
 
 
 def test_pipelined_producer_rejects_carrying_more_than_a_block():

@@ -160,29 +160,12 @@ def carried_type(paired):
 
 def step_schedule(groups, carried):
   """gather_step's order for a block of `groups` row groups per warp with `carried` groups'
-  loads carried in, as events ("issue", (block offset, group)) and ("convert", group): group 0
-  converted first, then each later group's loads issued one conversion before that group is
-  due, in this block (offset 0) or the next (1), and the next after group 0's conversion.
-
-  gather_step reads every issued group's index entries before the first event, so each row
-  load waits on an index that arrived during a conversion; the first issue follows the first
-  conversion for the same reason. (Issued ahead of each conversion with its index read
-  there, the producer stalled on every fresh index: on an H100, 2026-12-06, ncu had the
-  clamp of a just-read index at 15% of the paired producer's samples.)"""
+  loads carried in: per group g, ((block offset, group) whose loads are issued, then g
+  converted): each later group's loads are issued one conversion before that group is due, in
+  this block (offset 0) or the next (1)."""
   if not 0 < carried <= groups:
     raise ValueError(f"carried must be 1 .. {groups} row groups, got {carried}")
-  issues = [divmod(g + carried, groups) for g in range(groups)]
-  if not INDEX_LOADS_FIRST:
-    return [event for g in range(groups) for event in (("issue", issues[g]), ("convert", g))]
-  events = [("convert", 0), ("issue", issues[0])]
-  for g in range(1, groups):
-    events += [("issue", issues[g]), ("convert", g)]
-  return events
-
-
-# gather_step reads all its index entries first (step_schedule); False: each group's index
-# where its loads are issued, ahead of each conversion (the schedule before 2026-12-06).
-INDEX_LOADS_FIRST = True
+  return [(divmod(g + carried, groups), g) for g in range(groups)]
 
 
 def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
@@ -238,20 +221,11 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
-    schedule = step_schedule(emit.groups, carried_groups)
-
-    def source(item):  # (valid count, index list) of an issued group's block
-      return (next_count, next_idx) if item[0] else (count, idx)
-    entries = {}
-    if INDEX_LOADS_FIRST:
-      entries = {item: emit.read_index(item[1], *source(item))
-                 for kind, item in schedule if kind == "issue"}
-    for kind, item in schedule:
-      if kind == "issue":
-        queue.append(emit.issue(item[1], source(item)[0], idx=source(item)[1], clamp=clamp,
-                                index=entries.get(item)))
-      else:
-        emit.convert(item, count, queue.pop(0))
+    for (next_block, ahead), g in step_schedule(emit.groups, carried_groups):
+      # Issued first, so its loads fly while group g converts.
+      queue.append(emit.issue(ahead, next_count if next_block else count,
+                              idx=next_idx if next_block else idx, clamp=clamp))
+      emit.convert(g, count, queue.pop(0))
     return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
@@ -438,8 +412,7 @@ def _emit_copy(rows, valid_count, k, dtype, *, first_row=None, idx=None, clamp=F
       if idx is None:
         entry = arith.extui(i64, add(first_row, arith.select(valid, row, zero)))
       else:
-        entry = _listed_entry(_read_listed(idx, row, valid, zero), valid, zero,
-                              rows if clamp else None)
+        entry = _listed_entry(idx, row, valid, zero, rows if clamp else None)
       row_address = add(add(rows_base, arith.muli(entry, mgpu_utils.c(
           layout.HEAD_DIM * value_bytes, i64))), piece_bytes)
       data = []
@@ -512,29 +485,17 @@ class _FillEmitter:
     return block_row(_Int(self.warp), group, _Int(self.row_in_group),
                      None if self.rank is None else _Int(self.rank)).value
 
-  def read_index(self, group, valid_count, idx):
-    """This lane's index entry of row group `group` in idx (i32, unclamped), its load issued
-    here, for issue's `index`: read ahead, so that issue need not wait for it. An invalid row
-    reads the list's first entry instead (issue does not use it)."""
-    arith = self.arith
-    row = self.row(group)
-    return _read_listed(idx, row, arith.cmpi(arith.CmpIPredicate.slt, row, valid_count),
-                        self.zero)
-
-  def issue(self, group, valid_count, *, idx=None, first_row=None, clamp=False, index=None):
+  def issue(self, group, valid_count, *, idx=None, first_row=None, clamp=False):
     """The loads of row group `group` of rows idx[r] (or first_row + r) for r < valid_count:
     WORDS_PER_GROUP words (the row's scales, its fp8 lines, its RoPE piece). An invalid row's
-    index is not read (it may lie past the list): pool row 0 is read in its place. index:
-    read_index's entry for the group, if read already."""
+    index is not read (it may lie past the list): pool row 0 is read in its place."""
     arith = self.arith
     row = self.row(group)
     valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
     if idx is None:
       entry = arith.extui(self.i64, arith.select(valid, self.add(first_row, row), self.zero))
     else:
-      if index is None:
-        index = _read_listed(idx, row, valid, self.zero)
-      entry = _listed_entry(index, valid, self.zero, self.kv if clamp else None)
+      entry = _listed_entry(idx, row, valid, self.zero, self.kv if clamp else None)
     row_address = self.add(self.kv_base, arith.muli(entry, self.mgpu_utils.c(layout.ROW_BYTES,
                                                                               self.i64)))
     rope_address = self.add(self.rope_base, arith.muli(
@@ -680,22 +641,15 @@ def _load16(address):
   return _asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
 
 
-def _read_listed(idx, row, valid, zero):
-  """idx[row] (i32) for block row `row` (i32), or idx[0] for an invalid row: an index past
-  the list is never read."""
-  # pylint: disable=import-outside-toplevel
-  from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith, memref
-  return memref.load(idx, [arith.index_cast(ir.IndexType.get(), arith.select(valid, row, zero))])
-
-
-def _listed_entry(entry, valid, zero, clamp_to=None):
-  """The i64 pool row of a block row from its index entry (_read_listed's): clamped into
-  clamp_to's rows when given; 0 for an invalid row."""
+def _listed_entry(idx, row, valid, zero, clamp_to=None):
+  """The i64 pool row of block row `row` (i32): idx[row], clamped into clamp_to's rows when
+  given; for an invalid row 0, and its index not read (it may lie past the list)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import arith
+  from jaxlib.mlir.dialects import arith, memref
+  position = arith.index_cast(ir.IndexType.get(), arith.select(valid, row, zero))
+  entry = memref.load(idx, [position])
   if clamp_to is not None:
     last = mgpu_utils.c(ir.MemRefType(clamp_to.type).shape[0] - 1, zero.type)
     entry = arith.maxsi(arith.minsi(entry, last), zero)
