@@ -144,32 +144,6 @@ def test_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, mo
   check_against_oracle(batch, out, lse)
 
 
-# (heads, tokens, lengths, splits) whose items (sequence, row block or pair, split) outnumber the
-# CTAs below: empty items (no steps) between full ones, and CTAs with different item counts.
-MANY_ITEMS = [(128, 1, [5, 0, 150, 1, 300], 2), (64, 1, [300, 2, 0, 77], 2),
-              (16, 4, [70, 0, 3], 3)]
-
-
-@pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits", with_modes(MANY_ITEMS))
-def test_a_cta_works_through_several_items(mode, workers, num_heads, tokens_per_seq, lengths,
-                                           splits, monkeypatch):
-  """Each CTA (pair) runs items worker, worker + workers, ...: the K tiles' steps, P's and the
-  row factors' hand-over and the output's staging in q_smem carry on from item to item."""
-  rng = np.random.default_rng(workers * 100 + num_heads)
-  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
-                     pool_rows=4096, sink=rng.normal(size=num_heads).astype(np.float32))
-  args = [*batch.args()[:-1], batch.sink_array()]
-  fn = decoder(tokens_per_seq, splits)
-  if mode == "hardware":
-    mosaic_interpret.few_workers(monkeypatch, workers)
-    out, lse = jax.jit(fn)(*args)
-  else:
-    with mosaic_interpret.interpreted(monkeypatch, workers=workers):
-      out, lse = fn(*args)
-  check_against_oracle(batch, np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse))
-
-
 @pytest.mark.parametrize("pattern", ["random", "same", "last"])
 @pytest.mark.parametrize("mode,num_heads,tokens_per_seq", with_modes([(64, 1), (128, 1)]))
 def test_repeated_and_unsorted_indices(pattern, mode, num_heads, tokens_per_seq, monkeypatch):

@@ -32,7 +32,6 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
-from jax_mla._src.pallas.mosaic import decode as mosaic_decode
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 
@@ -240,26 +239,13 @@ STAND_INS = [
 ]
 
 
-# CTAs (pairs) of an interpreted launch: fewer than most tests' items, so that CTAs work
-# through several items (mosaic.decode.num_workers) as on a GPU from batch 66 or so.
-WORKERS = 2
-
-
-def few_workers(monkeypatch, workers):
-  """mosaic.decode launches at most `workers` CTAs (or pairs), each working through its items."""
-  limit = lambda num_items, pair: min(num_items, workers)
-  monkeypatch.setattr(mosaic_decode, "num_workers", limit)
-
-
 @contextlib.contextmanager
-def interpreted(monkeypatch, *, detect_races=True, workers=WORKERS):
+def interpreted(monkeypatch, *, detect_races=True):
   """Within it, mosaic.decode's kernel (called eagerly, not under jit) runs in Mosaic GPU's
-  interpret mode with the stand-ins, on at most `workers` CTAs (pairs); a race fails the call,
-  a deadlock the process."""
+  interpret mode with the stand-ins; a race fails the call, a deadlock the process."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   for module, name, stand_in in STAND_INS + pair_stand_ins(plgpu) + merge_stand_in(plgpu):
     monkeypatch.setattr(module, name, stand_in)
-  few_workers(monkeypatch, workers)
   faulthandler.dump_traceback_later(DEADLOCK_TIMEOUT_S, exit=True)
   try:
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=detect_races)):

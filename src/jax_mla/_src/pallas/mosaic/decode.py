@@ -50,9 +50,6 @@ SPLIT_RULE = "waves"
 # relative error about 2^-22, far below bf16's): 3% faster on the H200 (2026-12-02, B 128,
 # K 2048: 419 us against 433).
 APPROX_MATH = True
-# One CTA per multiprocessor working through several items, so that an item's first gathers
-# run beside the last one's epilogue and the next Q load (num_workers); False: one CTA per item.
-PERSISTENT = True
 
 
 def _plgpu():
@@ -107,18 +104,12 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   options.update(pallas_plan.float_kv_option(kv_rope, extra))
 
   pair = row_blocks % 2 == 0
-  # Items: (sequence, row block or pair of them, split); each CTA (or pair) works through
-  # items worker, worker + workers, ...
-  row_groups = row_blocks // 2 if pair else row_blocks
-  num_items = num_seqs * row_groups * splits
-  workers = num_workers(num_items, pair)
-  grid = dict(grid=(workers,), grid_names=("worker",))
-  if pair:  # "pair" (the cluster) picks one of the item's two row blocks
-    grid.update(cluster=(2,), cluster_names=("pair",))
+  grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
+  if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
+    grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
   scratch = mosaic_direct.scratch_types(pair=pair)
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
-                             heads=num_heads, pair=pair, num_items=num_items, workers=workers,
-                             row_groups=row_groups, **options)
+                             heads=num_heads, pair=pair, **options)
   results = plgpu.kernel(
       # The split partials are bf16 (each rounded to bf16 before pallas.merge sums them in
       # f32; on random data of 8 splits the output's norm-wise error grows from 1.7e-3, its
@@ -145,15 +136,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
-
-
-def num_workers(num_items: int, pair: bool) -> int:
-  """CTAs (pairs of them with pair) of the launch: one per multiprocessor (a CTA's 200 KB of
-  shared memory leaves room for one), each working through its items in turn, or one per item
-  without PERSISTENT."""
-  if not PERSISTENT:
-    return num_items
-  return max(1, min(num_items, pallas_plan.num_sms() // (2 if pair else 1)))
 
 
 def _block_of_indices_at_least(kv_indices):

@@ -34,8 +34,6 @@ instead of through shared memory and a TMA copy (218.3 against 209.0).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -50,19 +48,6 @@ from jax_mla._src.kernel_math import SCORE_SCALE_LOG2, split_chunks, split_two_s
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
-
-
-class WorkItem(NamedTuple):
-  """One (sequence, 64-row block, KV split) of a CTA's items (kernel's work_item): its steps
-  (KV blocks), per source (the producer's fill arguments after the first step number, the
-  source's last step + 1), and entries_of(i): step i's first entry in its source's list and
-  that list's length (the consumers' mask)."""
-  seq: Any
-  row0: Any
-  split: Any
-  steps: Any
-  sources: list
-  entries_of: Callable
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to at most
 # mosaic_consumer.LAUNCH_REGISTERS, paired and unpaired. Warpgroup 1 holds only its half of O;
 # the producer holds the loaded words of the row groups it carries (mosaic.gather). Unpaired
@@ -95,9 +80,7 @@ def scratch_types(pair=False):
   scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                  # Row factors per step; m and l after the last.
                  rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
-                 ml_full=plgpu.Barrier(num_arrivals=1),
-                 # Warpgroup 1's output copy has read q_smem[1]: the next item's Q may go there.
-                 q_free=plgpu.Barrier(num_arrivals=1))
+                 ml_full=plgpu.Barrier(num_arrivals=1))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
                    k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
@@ -109,8 +92,7 @@ def scratch_types(pair=False):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
-           s_full, s_free, p_smem, rows_smem, ml_full, q_free, num_items, workers, row_groups,
-           k_full=None, ready=None, pair=False,
+           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
@@ -148,58 +130,41 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     q_rope_ref, refs = refs[0], refs[1:]
   (kv_ref, rope_ref), refs = pallas_plan.pool_refs(refs, float_kv[0])
   sink_ref, *refs = refs
+  seq = lax.axis_index("seq")
   if pair:
     rank = lax.axis_index("pair")
+    row0 = (lax.axis_index("rows") * 2 + rank) * BLOCK_ROWS
     mosaic_pair.init_ready_barriers(ready)
-  worker = lax.axis_index("worker")
+  else:
+    row0 = lax.axis_index("rows") * BLOCK_ROWS
+  split = lax.axis_index("split")
   wg = lax.axis_index("wg")
   out_ref, lse_ref = refs[-2:]
   if two_sources:
     indptr_b, idx_b, *refs = refs
     (kv_b, rope_b), _ = pallas_plan.pool_refs(refs, float_kv[1])
-  # This CTA's items: worker, worker + workers, ... (at least one: workers <= num_items).
-  items = lax.div(num_items - worker + workers - 1, workers)
+    (start, length, chunk_lo, chunk_hi), (start_b, length_b, lo_b, hi_b) = split_two_sources(
+        indptr_ref, indptr_b, seq, split, num_splits, BLOCK_KV)
+    steps_a = chunk_hi - chunk_lo
+    steps = steps_a + (hi_b - lo_b)
+    # Per source: (indices, pool, RoPE, start, length, block of step 0, its first step).
+    sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0),
+               (idx_b, kv_b, rope_b, start_b, length_b, lo_b - steps_a, steps_a)]
+  else:
+    start = indptr_ref[seq]
+    length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
+                                              BLOCK_KV)
+    steps = chunk_hi - chunk_lo
+    sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0)]
+  step_ends = [source[-1] for source in sources[1:]] + [steps]
 
-  def work_item(k):
-    """This CTA's k-th item: (sequence, its 64-row block, KV split) and that split's steps."""
-    number = worker + k * workers
-    seq, rest = lax.div(number, row_groups * num_splits), lax.rem(number, row_groups * num_splits)
-    group, split = lax.div(rest, num_splits), lax.rem(rest, num_splits)
-    row0 = ((group * 2 + rank) if pair else group) * BLOCK_ROWS
-    if two_sources:
-      (start, length, chunk_lo, chunk_hi), (start_b, length_b, lo_b, hi_b) = split_two_sources(
-          indptr_ref, indptr_b, seq, split, num_splits, BLOCK_KV)
-      steps_a = chunk_hi - chunk_lo
-      steps = steps_a + (hi_b - lo_b)
-      # Per source: (indices, pool, RoPE, start, length, block of step 0, its first step).
-      sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0),
-                 (idx_b, kv_b, rope_b, start_b, length_b, lo_b - steps_a, steps_a)]
-
-      def entries_of(i):
-        """(the first entry of step i's block in its source's list, that list's length)."""
-        in_a = i < steps_a
-        return (jnp.where(in_a, chunk_lo, lo_b - steps_a) + i) * BLOCK_KV, jnp.where(
-            in_a, length, length_b)
-    else:
-      start = indptr_ref[seq]
-      length, chunk_lo, chunk_hi = split_chunks(start, indptr_ref[seq + 1], split, num_splits,
-                                                BLOCK_KV)
-      steps = chunk_hi - chunk_lo
-      sources = [(idx_ref, kv_ref, rope_ref, start, length, chunk_lo, 0)]
-
-      def entries_of(i):
-        return (chunk_lo + i) * BLOCK_KV, length
-    step_ends = [source[-1] for source in sources[1:]] + [steps]
-    return WorkItem(seq, row0, split, steps, list(zip(sources, step_ends)), entries_of)
-
-  def for_each_item(body):
-    """body(item, k, first step number) over this CTA's items, in order; the steps (K tiles and
-    their barriers' phases) are numbered on across items."""
-    def run(k, step0):
-      item = work_item(k)
-      body(item, k, step0)
-      return step0 + item.steps
-    lax.fori_loop(0, items, run, jnp.int32(0))
+  def entries_of(i):
+    """(the first entry of step i's block in its source's list, that list's length)."""
+    if not two_sources:
+      return (chunk_lo + i) * BLOCK_KV, length
+    in_a = i < steps_a
+    return (jnp.where(in_a, chunk_lo, lo_b - steps_a) + i) * BLOCK_KV, jnp.where(
+        in_a, length, length_b)
 
   def set_registers(role):
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
@@ -208,10 +173,10 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     count = REGISTERS[pair][role]
     plgpu.set_max_registers(count, action="increase" if count > share else "decrease")
 
-  def fill(step0, idx, kv, rope, start, length, block0, first_step, end):
-    """The producer's steps first_step .. end - 1 of an item whose steps are numbered from
-    step0: the K tile of block block0 + step of one source. A packed pool's loads run a block
-    ahead (mosaic_gather.gather_step): each step converts the loads the previous one issued."""
+  def fill(idx, kv, rope, start, length, block0, first_step, end):
+    """The producer's steps first_step .. end - 1: the K tile of block block0 + step of one
+    source. A packed pool's loads run a block ahead (mosaic_gather.gather_step): each step
+    converts the loads the previous one issued."""
 
     def block(step):
       """(the block's index list, its number of valid rows) at `step`; an empty split's block is
@@ -220,10 +185,9 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       return idx.at[pl.ds(start + first, BLOCK_KV)], jnp.clip(length - first, 0, BLOCK_KV)
 
     def wait_free(step):
-      number = step0 + step
-      tile = lax.rem(number, NUM_K_TILES)
+      tile = lax.rem(step, NUM_K_TILES)
 
-      @pl.when(number >= NUM_K_TILES)
+      @pl.when(step >= NUM_K_TILES)
       def _wait_free():
         plgpu.barrier_wait(k_free.at[tile])
       return tile, ((rank, ready, tile) if pair else None)
@@ -275,31 +239,25 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   @pl.when(wg == 2)
   def _producer():
     set_registers(2)
-
-    def produce(item, k, step0):
-      del k
-      for source, end in item.sources:
-        fill(step0, *source, end)
-    for_each_item(produce)
+    for source, end in zip(sources, step_ends):
+      fill(*source, end)
 
   wgmma_layout = plgpu.Layout.WGMMA
 
-  def wait_filled(number):
-    """Waits until K tile number % 2 holds the block of step `number` (both halves of it, with
-    pair)."""
-    tile = lax.rem(number, NUM_K_TILES)
-    if pair:  # the tile's use number // 2 is its barrier's phase
-      mosaic_pair.wait_filled(ready, tile, lax.rem(lax.div(number, NUM_K_TILES), 2))
+  def wait_filled(step):
+    """Waits until K tile step % 2 holds block `step` (both halves of it, with pair)."""
+    tile = lax.rem(step, NUM_K_TILES)
+    if pair:  # the tile's use number step // 2 is its barrier's phase
+      mosaic_pair.wait_filled(ready, tile, lax.rem(lax.div(step, NUM_K_TILES), 2))
     else:
       plgpu.barrier_wait(k_full.at[tile])
 
-  def write_half(item, acc, m_i, l_i, half):
+  def write_half(acc, m_i, l_i, half):
     # The results (the final output, or bf16 partials) leave through this warpgroup's half of
     # q_smem and a TMA copy.
-    mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=item.seq, row0=item.row0,
-                                  split=item.split, num_splits=num_splits, sink_ref=sink_ref,
-                                  out_ref=out_ref, lse_ref=lse_ref, heads=heads,
-                                  stage_smem=q_smem.at[half])
+    mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
+                                  num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
+                                  lse_ref=lse_ref, heads=heads, stage_smem=q_smem.at[half])
 
   def issue_qk(acc_ref, tile):
     for h in range(2):
@@ -307,20 +265,19 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
 
-  def softmax_for_both(item, k, step0):
-    """Warpgroup 0's loop over an item's steps: QK, the softmax, P and the row factors published
-    for warpgroup 1, its own PV; m and l published at the end. Every write of P and rows_smem
-    but the kernel's first waits until warpgroup 1 has read the last (s_free)."""
+  def softmax_for_both():
+    """Warpgroup 0's loop: QK, the softmax, P and the row factors published for warpgroup 1,
+    its own PV; m and l published at the end."""
 
     def softmax_and_pv(i, s, tile, acc, m_i, l_i):
       with region("softmax"):
-        p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, *item.entries_of(i), m_i, l_i,
+        p, alpha, m_i, l_i = mosaic_consumer.softmax_scores(s, *entries_of(i), m_i, l_i,
                                                             score_scale_log2)
         p = p.astype(jnp.bfloat16)
 
       with region("p_free_wait"):
-        @pl.when((i > 0) | (k > 0))
-        def _wait_p_free():  # warpgroup 1 is done with the last P (or m and l)
+        @pl.when(i > 0)
+        def _wait_p_free():  # warpgroup 1's PV of the previous block is done with P
           plgpu.barrier_wait(s_free)
       with region("p_publish"):
         p_smem[...] = p
@@ -334,9 +291,9 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
     def step(i, carry):
       acc, m_i, l_i = carry
-      tile = lax.rem(step0 + i, NUM_K_TILES)
+      tile = lax.rem(i, NUM_K_TILES)
       with region("tile_wait"):
-        wait_filled(step0 + i)
+        wait_filled(i)
 
       def qk(acc_ref):
         issue_qk(acc_ref, tile)
@@ -347,30 +304,30 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return acc, m_i, l_i
 
-    acc, m_i, l_i = lax.fori_loop(0, item.steps, step, mosaic_consumer.initial_state())
+    acc, m_i, l_i = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state())
     with region("epilogue"):
       l_i = mosaic_consumer.finish_row_sum(l_i)
 
-      @pl.when((item.steps > 0) | (k > 0))
+      @pl.when(steps > 0)
       def _wait_last_p_free():  # warpgroup 1 read the last factors before they are replaced
         plgpu.barrier_wait(s_free)
       rows_smem[0] = m_i
       rows_smem[1] = l_i
       plgpu.commit_smem()  # every thread's stores, before the arrival that publishes them
       plgpu.barrier_arrive(ml_full)
-      write_half(item, acc, m_i, l_i, 0)
+      write_half(acc, m_i, l_i, 0)
 
-  def pv_from_shared_p(item, step0):
-    """Warpgroup 1's loop over an item's steps: rescale its half of O, then O += P V from shared
-    memory; m and l from warpgroup 0 at the end."""
+  def pv_from_shared_p():
+    """Warpgroup 1's loop: rescale its half of O, then
+    O += P V from shared memory; m and l from warpgroup 0 at the end."""
     row_layout = wgmma_layout.reduce(1)
 
     def step(i, acc):
-      tile = lax.rem(step0 + i, NUM_K_TILES)
+      tile = lax.rem(i, NUM_K_TILES)
       with region("p_wait"):
         if pair:  # complete already (warpgroup 0 waited before publishing P); observed here
           # too, so that this warpgroup's wgmma reads of the peer's st.async bytes follow it
-          wait_filled(step0 + i)
+          wait_filled(i)
         plgpu.barrier_wait(s_full)
       with region("pv"):
         alpha = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
@@ -380,39 +337,31 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       plgpu.barrier_arrive(k_free.at[tile])
       return acc
 
-    acc = lax.fori_loop(0, item.steps, step, mosaic_consumer.initial_state()[0])
+    acc = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()[0])
     with region("ml_wait"):
       plgpu.barrier_wait(ml_full)
     with region("epilogue"):
       m_i = mgpu_load(rows_smem.at[0], layout=row_layout, optimized=False)
       l_i = mgpu_load(rows_smem.at[1], layout=row_layout, optimized=False)
-      plgpu.barrier_arrive(s_free)  # m and l read: the next item's factors may replace them
-      write_half(item, acc, m_i, l_i, 1)
-      plgpu.barrier_arrive(q_free)  # its output copy has read q_smem[1]
+      write_half(acc, m_i, l_i, 1)
 
   @pl.when(wg == 0)
   def _qk_consumer():
     set_registers(0)
-
-    def consume(item, k, step0):
-      with region("q_load"):
-        @pl.when(k > 0)
-        def _wait_q_free():  # warpgroup 1's output copy of the last item has read q_smem[1]
-          plgpu.barrier_wait(q_free)
-        first_row = item.seq * rows + item.row0
-        num_valid = jnp.clip(rows - item.row0, 0, BLOCK_ROWS)
-        if float_q:
-          mosaic_gather.copy_consecutive(q_ref, first_row, num_valid, q_smem)
-        else:
-          mosaic_gather.gather_consecutive(q_ref, q_rope_ref, first_row, num_valid, q_smem)
-        plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
-      softmax_for_both(item, k, step0)
-    for_each_item(consume)
+    with region("q_load"):
+      if float_q:
+        mosaic_gather.copy_consecutive(q_ref, seq * rows + row0,
+                                       jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+      else:
+        mosaic_gather.gather_consecutive(q_ref, q_rope_ref, seq * rows + row0,
+                                         jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
+      plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
+    softmax_for_both()
 
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
-    for_each_item(lambda item, k, step0: pv_from_shared_p(item, step0))
+    pv_from_shared_p()
 
   if pair:
     mosaic_pair.cluster_sync()
