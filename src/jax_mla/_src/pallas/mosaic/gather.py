@@ -232,6 +232,99 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
               carried, *(() if rank is None else (rank,)))
 
 
+# The producer's index lists staged in shared memory (stage_indices): a ring of INDEX_SLOTS
+# blocks' entries, block n's in slot n % INDEX_SLOTS. At step n the producer stages block
+# n + INDICES_AHEAD's and then reads blocks n's and n + 1's when issuing their loads, so the
+# entries are there long before a load needs them, and no register holds them in between (the
+# index a register carried a step ahead lost: benchmarks/README.md). Four slots: a slot is
+# refilled two steps after its block's last read, and the warpgroup barrier of each step
+# (indices_staged) keeps every thread within a step of the others.
+INDEX_SLOTS = 4
+INDICES_AHEAD = 2
+STAGE_SYNC = "warp"  # A/B (experiment): or "warpgroup"
+
+
+def index_slots_type():
+  """The ring of staged index lists: [INDEX_SLOTS, 64] int32 in shared memory."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  return plgpu.SMEM((INDEX_SLOTS, BLOCK_ROWS), jnp.int32)
+
+
+def stage_indices(idx_ref, num_valid, slot_ref, *, rank=None):
+  """Starts copying a block's index entries idx_ref[r] (global memory, [64] int32) for
+  r < num_valid into slot_ref[r] ([64] int32, shared memory) by cp.async, each thread of the
+  calling warpgroup one entry: every row with rank None, rows 32 rank .. 32 rank + 31 (the
+  rows a pair's CTA gathers) otherwise. No entry at or past num_valid is read (the list may
+  end there) and its slot keeps what it held. Every thread then commits its copies as one
+  cp.async group (a thread without copies an empty one), so that indices_staged() counts
+  the same groups in every thread."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  scalar = plgpu.Layout.WG_SPLAT(shape=())
+  arg_types = (plgpu.RefType(), scalar, plgpu.RefType())
+  if rank is not None:
+    arg_types += (scalar,)
+
+  @plgpu.inline_mgpu(arg_types=arg_types)
+  def stage(ctx, idx, valid_count, slot, *rank_arg):
+    del ctx
+    # pylint: disable=import-outside-toplevel
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, gpu, llvm
+    i32 = ir.IntegerType.get_signless(32)
+    i64 = ir.IntegerType.get_signless(64)
+    c32 = lambda v: mgpu_utils.c(v, i32)
+    lane = arith.remui(arith.index_cast(i32, gpu.thread_id(gpu.Dimension.x)), c32(128))
+    if STAGE_SYNC == "warp":  # each warp stages the rows it gathers (block_row's)
+      per_warp = BLOCK_ROWS // (8 if rank_arg else 4)
+      first = arith.muli(arith.divui(lane, c32(32)), c32(per_warp))
+      if rank_arg:
+        first = arith.addi(first, arith.muli(rank_arg[0].registers.flat[0], c32(BLOCK_ROWS // 2)))
+      lane = arith.remui(lane, c32(32))
+      rows, row = per_warp, arith.addi(first, lane)
+    elif rank_arg:
+      rows = BLOCK_ROWS // 2
+      row = arith.addi(lane, arith.muli(rank_arg[0].registers.flat[0], c32(rows)))
+    else:
+      rows, row = BLOCK_ROWS, lane
+    copies = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, lane, c32(rows)),
+                        arith.cmpi(arith.CmpIPredicate.slt, row, valid_count.registers.flat[0]))
+    source = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(idx)),
+                        arith.extui(i64, arith.muli(row, c32(4))))
+    target = arith.addi(llvm.ptrtoint(i32, mgpu_utils.memref_ptr(slot)),
+                        arith.muli(row, c32(4)))
+    void = ir.Type.parse("!llvm.void")
+    llvm.inline_asm(void, [copies, target, source],
+                    "@$0 cp.async.ca.shared.global [$1], [$2], 4;", "b,r,l",
+                    has_side_effects=True)
+    llvm.inline_asm(void, [], "cp.async.commit_group;", "", has_side_effects=True)
+
+  stage(idx_ref, num_valid, slot_ref, *(() if rank is None else (rank,)))
+
+
+def indices_staged():
+  """Waits until every stage_indices group of the calling thread but the latest has landed,
+  then synchronizes the warpgroup: the entries that every thread staged before its latest
+  group are visible to all of them."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu()
+  def wait(ctx):
+    del ctx
+    # pylint: disable=import-outside-toplevel
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import llvm
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "cp.async.wait_group 1;", "",
+                    has_side_effects=True)
+    if STAGE_SYNC == "warp":
+      mgpu_utils.warp_barrier()
+    else:
+      mgpu_utils.warpgroup_barrier()
+
+  wait()
+
+
 def _pack_carried(words, paired):
   """A lane's i32 words -> carried_type(paired)'s FragmentedArray (vectors of four)."""
   # pylint: disable=import-outside-toplevel
