@@ -181,51 +181,6 @@ def test_fp8_nan_codes_give_nan_and_nothing_else():
   assert (np.isnan(full) == want_nan).all()
 
 
-def staged_slot(idx, num_valid, rank):
-  """Slot 1 of the producer's index ring after stage_indices(idx, num_valid) into a slot that
-  held -1 everywhere (staged from a list of -1 first), read back to global memory."""
-  # pylint: disable=import-outside-toplevel
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  def body(idx_ref, fill_ref, n_ref, out_ref, slots):
-    rank_kw = {} if rank is None else {"rank": jnp.int32(rank)}
-    for source, count in ((fill_ref, jnp.int32(64)), (idx_ref, n_ref[0])):
-      mg.stage_indices(source, count, slots.at[1], **rank_kw)
-      mg.stage_indices(source, jnp.int32(0), slots.at[2], **rank_kw)  # a later, empty group
-      mg.indices_staged()
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(slots.at[1], out_ref)
-    plgpu.wait_smem_to_gmem(0)
-
-  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64,), jnp.int32),
-                      scratch_types=dict(slots=mg.index_slots_type()))(
-                          idx, np.full(64, -1, np.int32), np.array([num_valid], np.int32))
-
-
-@pytest.mark.gpu
-@GPU
-@pytest.mark.parametrize("rank", [None, 0, 1])
-@pytest.mark.parametrize("num_valid", [64, 37, 0])
-def test_staged_indices_are_the_valid_entries_of_the_ctas_rows(num_valid, rank):
-  """stage_indices copies entries r < num_valid of its rows (all, or a pair CTA's half) and
-  leaves the rest of the slot as it was."""
-  rng = np.random.default_rng(num_valid)
-  idx = rng.integers(0, POOL, 64).astype(np.int32)
-  idx[num_valid:] = 1 << 30
-  got = np.asarray(jax.jit(staged_slot, static_argnums=(1, 2))(idx, num_valid, rank))
-  rows = np.arange(64)
-  mine = np.ones(64, bool) if rank is None else rows // 32 == rank
-  want = np.where(mine & (rows < num_valid), idx, -1)
-  assert np.array_equal(got, want)
-
-
-def test_staged_indices_lower_for_cuda_on_any_machine():
-  exported = export_for(lambda idx: staged_slot(idx, 37, 1), "cuda",
-                        jax.ShapeDtypeStruct((64,), jnp.int32),
-                        custom_calls=["mosaic_gpu_v2"])
-  assert "cp.async.ca.shared.global" in exported.mlir_module()
-
-
 @pytest.mark.parametrize("paired", [False, True])
 def test_pipelined_producer_loads_every_group_once_before_it_converts(paired):
   """gather_step's schedule over consecutive blocks (gather_issue's prologue first): each row

@@ -153,23 +153,6 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
 
-# What stage_indices' stand-in leaves in a slot's entries past the block's valid rows (the
-# kernel's keep what they held): an index the clamp moves to the pool's last row, so a row
-# read from an unstaged entry is the wrong row.
-UNSTAGED_ENTRY = 1 << 30
-
-
-def stage_indices(idx_ref, num_valid, slot_ref, *, rank=None):
-  """The whole block's entries r < num_valid (paired too: the stand-in CTA gathers the whole
-  block, pair_stand_ins), copied at once; the rest UNSTAGED_ENTRY. Entries past num_valid are
-  not read. A block read from a slot before it is staged gets the slot's former block."""
-  del rank
-
-  def body(r, _):
-    slot_ref[r] = lax.cond(r < num_valid, lambda: idx_ref[r], lambda: jnp.int32(UNSTAGED_ENTRY))
-  lax.fori_loop(0, BLOCK, body, None)
-
-
 def running_max(s, m_i):
   """consumer.running_max's contract per row (the kernel decides per warp of 16 rows; any m that
   no score passes by more than MAX_SLACK_LOG2 gives the same result)."""
@@ -249,8 +232,6 @@ STAND_INS = [
     (mosaic_gather, "gather_float", gather_float),
     (mosaic_gather, "gather_issue", gather_issue),
     (mosaic_gather, "gather_step", gather_step),
-    (mosaic_gather, "stage_indices", stage_indices),
-    (mosaic_gather, "indices_staged", lambda: None),  # the stand-in's copies are done at once
     (mosaic_consumer, "running_max", running_max),
     (mosaic_consumer, "_row_sum", row_sum),
     (mosaic_consumer, "row_sinks", row_sinks),

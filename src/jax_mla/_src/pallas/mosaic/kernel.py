@@ -48,7 +48,6 @@ from jax_mla._src.kernel_math import SCORE_SCALE_LOG2, split_chunks, split_two_s
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
-STAGE_INDICES = True  # A/B flag (experiment)
 # setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to at most
 # mosaic_consumer.LAUNCH_REGISTERS, paired and unpaired. Warpgroup 1 holds only its half of O;
 # the producer holds the loaded words of the row groups it carries (mosaic.gather). Unpaired
@@ -81,9 +80,7 @@ def scratch_types(pair=False):
   scratch.update(p_smem=plgpu.SMEM((BLOCK_ROWS, BLOCK_KV), jnp.bfloat16, transforms=swizzled),
                  # Row factors per step; m and l after the last.
                  rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
-                 ml_full=plgpu.Barrier(num_arrivals=1),
-                 # The producer's index lists, staged ahead (mosaic.gather.stage_indices).
-                 idx_slots=mosaic_gather.index_slots_type())
+                 ml_full=plgpu.Barrier(num_arrivals=1))
   if pair:
     scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
                    k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
@@ -95,8 +92,7 @@ def scratch_types(pair=False):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
-           s_full, s_free, p_smem, rows_smem, ml_full, idx_slots, k_full=None, ready=None,
-           pair=False,
+           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False)):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
@@ -217,60 +213,27 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
           filled(tile, packed=False)
       return
 
-    def staged(step):
-      """(step's slot of staged index entries, its block's valid rows: none past the last
-      step, whose entries were not staged)."""
-      return (idx_slots.at[lax.rem(step, mosaic_gather.INDEX_SLOTS)],
-              jnp.where(step < end, block(step)[1], 0))
-
-    def stage(step):
-      """Starts copying step's index entries into its slot; nothing for a step past the
-      last (its slice is not read)."""
-      block_idx, _ = block(step)
-      mosaic_gather.stage_indices(block_idx, staged(step)[1], staged(step)[0],
-                                  rank=rank if pair else None)
-
-    if not STAGE_INDICES:  # A/B only: main's global index reads
-      def fill_step_global(step, carried):
-        with region("free_wait"):
-          tile, pair_args = wait_free(step)
-        with region("gather"):
-          has_next = step + 1 < end
-          next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
-          carried = mosaic_gather.gather_step(
-              kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
-              k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
-          filled(tile)
-        return carried
-      with region("first_loads"):
-        _, first_valid = block(first_step)
-        any_step = first_step < end
-        carried = mosaic_gather.gather_issue(
-            kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV,
-                                             0), BLOCK_KV)],
-            jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
-      lax.fori_loop(first_step, end, fill_step_global, carried)
-      return
-
     def fill_step(step, carried):
-      stage(step + mosaic_gather.INDICES_AHEAD)
       with region("free_wait"):
         tile, pair_args = wait_free(step)
       with region("gather"):
-        mosaic_gather.indices_staged()  # this step's and the next one's entries are in
+        has_next = step + 1 < end
+        next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
         carried = mosaic_gather.gather_step(
-            kv, rope, *staged(step), *staged(step + 1), k_smem.at[tile], carried, clamp=True,
-            rank=rank if pair else None)
+            kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
+            k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
         filled(tile)
       return carried
 
-    # With no step at all the prologue reads the slot's first entry and pool row 0 only.
+    # With no step at all the prologue reads the list's first entry (the list holds at least
+    # a block) and pool row 0 only.
     with region("first_loads"):
-      for ahead in range(mosaic_gather.INDICES_AHEAD):
-        stage(first_step + ahead)
-      mosaic_gather.indices_staged()
-      carried = mosaic_gather.gather_issue(kv, rope, *staged(first_step), clamp=True,
-                                           rank=rank if pair else None)
+      _, first_valid = block(first_step)
+      any_step = first_step < end
+      carried = mosaic_gather.gather_issue(
+          kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV,
+                                           0), BLOCK_KV)],
+          jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
     lax.fori_loop(first_step, end, fill_step, carried)
 
   @pl.when(wg == 2)
