@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
+from jax_mla._src.jax_compat import read_only_ref_type
 from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
 
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
@@ -123,7 +124,7 @@ def row_sinks(sink_ref, row0, heads: int):
   plgpu = _plgpu()
   row_layout = plgpu.Layout.WGMMA.reduce(1)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())),
+  @plgpu.inline_mgpu(arg_types=(read_only_ref_type(), plgpu.Layout.WG_SPLAT(shape=())),
                      return_type=plgpu.ShapeDtypeStruct((BLOCK_ROWS,), jnp.float32,
                                                         layout=row_layout))
   def load(ctx, sink, first):

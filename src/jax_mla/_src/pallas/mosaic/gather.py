@@ -39,6 +39,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jax_mla._src import layout
+from jax_mla._src.jax_compat import read_only_ref_type
 
 BLOCK_ROWS = 64
 HALF = layout.HEAD_DIM // 2  # 256 dims per half of the K tile
@@ -130,8 +131,7 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
   if math not in MATHS:
     raise ValueError(f"math must be one of {MATHS}, got {math!r}")
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar,
-               plgpu.RefType(k_tile_transforms()))
+  arg_types = (read_only_ref_type(),) * 3 + (scalar, plgpu.RefType(k_tile_transforms()))
   if pair is not None:  # rank, ready_ref, tile
     arg_types += (scalar, plgpu.RefType(), scalar)
 
@@ -174,7 +174,7 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
   CTA's rank in its pair (its half of the rows), or None unpaired."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar)
+  arg_types = (read_only_ref_type(),) * 3 + (scalar,)
   if rank is not None:
     arg_types += (scalar,)
 
@@ -206,8 +206,8 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   paired = rank is not None
-  arg_types = (plgpu.RefType(), plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(),
-               scalar, plgpu.RefType(k_tile_transforms()), carried_type(paired).layout)
+  arg_types = (*(read_only_ref_type(),) * 3, scalar, read_only_ref_type(), scalar,
+               plgpu.RefType(k_tile_transforms()), carried_type(paired).layout)
   if paired:
     arg_types += (scalar,)
   carried_groups = CARRIED_GROUPS[paired]
@@ -283,7 +283,7 @@ def gather_consecutive(rows_ref, rope_ref, first_row, num_valid, smem):
   a tile shaped like K's. Rows at or past num_valid are zeros and not read."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(),
+  @plgpu.inline_mgpu(arg_types=(read_only_ref_type(), read_only_ref_type(),
                                 plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.RefType(k_tile_transforms())))
@@ -323,7 +323,7 @@ def copy_consecutive(rows_ref, first_row, num_valid, smem):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   dtype = _float_dtype(rows_ref)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=()),
+  @plgpu.inline_mgpu(arg_types=(read_only_ref_type(), plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.Layout.WG_SPLAT(shape=()),
                                 plgpu.RefType(k_tile_transforms())))
   def fill(ctx, rows, first, valid_count, tile):
@@ -343,7 +343,8 @@ def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   dtype = _float_dtype(kv_ref)
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  arg_types = (plgpu.RefType(), plgpu.RefType(), scalar, plgpu.RefType(k_tile_transforms()))
+  arg_types = (read_only_ref_type(), read_only_ref_type(), scalar,
+               plgpu.RefType(k_tile_transforms()))
   if pair is not None:  # rank, ready_ref, tile
     arg_types += (scalar, plgpu.RefType(), scalar)
 
