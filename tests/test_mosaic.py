@@ -21,6 +21,7 @@ from support.compare import assert_bf16_decode_close
 from support.gpu_export import export_for
 from support import mosaic_interpret
 from support.mosaic_tile import k_tile_kernel
+from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas.mosaic import decode as md
 from support.oracle import dequantize_rows, oracle_attend, oracle_decode, token_keys
 from support.rows import make_batch
@@ -119,6 +120,15 @@ def check_against_oracle(batch, out, lse):
 # fill half a row block, whose output the kernel writes without the padding rows.
 SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
           (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1)]
+FEW_ROWS_DEFAULT = pallas_merge.KERNEL_MERGE_MAX_ROWS
+
+
+@pytest.fixture(autouse=True)
+def _xla_merges_below_32_splits(monkeypatch):
+  """These batches are small, so their 2 to 31 splits would take the merge kernel
+  (pallas.merge.KERNEL_MERGE_MAX_ROWS); XLA's merge, which a decode of more rows takes, is
+  what they check instead. test_few_rows_take_the_merge_kernel checks the kernel's."""
+  monkeypatch.setattr(pallas_merge, "KERNEL_MERGE_MAX_ROWS", 0)
 
 
 @pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", SHAPES)
@@ -141,6 +151,22 @@ def test_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, mo
                      pool_rows=4096, sink=rng.normal(size=num_heads).astype(np.float32),
                      extra_indices=7)
   out, lse = run(mode, monkeypatch, batch, num_kv_splits=splits)
+  check_against_oracle(batch, out, lse)
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_few_rows_take_the_merge_kernel(mode, monkeypatch):
+  """64 heads, 2 sequences, 3 splits: 128 rows of one token, at most KERNEL_MERGE_MAX_ROWS, so
+  merge="auto" takes the merge kernel (its lowering says so), against the oracle."""
+  monkeypatch.setattr(pallas_merge, "KERNEL_MERGE_MAX_ROWS", FEW_ROWS_DEFAULT)
+  rng = np.random.default_rng(5)
+  batch = make_batch(rng, num_heads=64, lengths=[300, 2], pool_rows=4096,
+                     sink=rng.normal(size=64).astype(np.float32), extra_indices=7)
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=3)
+  module = export_for(fn, "cuda", *abstract_args(batch),
+                      custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  assert "jax_mla_merge_partials" in module
+  out, lse = run(mode, monkeypatch, batch, num_kv_splits=3)
   check_against_oracle(batch, out, lse)
 
 

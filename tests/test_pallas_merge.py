@@ -120,18 +120,26 @@ def test_the_kernel_and_xla_agree_to_a_bf16_rounding():
   assert (diff <= 2.0**-8 * np.abs(np.asarray(b[0], np.float32)) + 1e-6).all()
 
 
-@pytest.mark.parametrize("num_splits,kernel", [(1, False), (31, False), (32, True), (64, True)])
-def test_auto_takes_the_kernel_from_32_splits(num_splits, kernel):
-  num_rows = 16
-  results = (jax.ShapeDtypeStruct((1, num_splits, num_rows, 512), jnp.float32),
-             jax.ShapeDtypeStruct((1, num_splits, num_rows), jnp.float32))
+@pytest.mark.parametrize("num_seqs,num_splits,row_slots,tokens,num_heads,kernel", [
+    (1, 1, 128, 1, 128, False),  # nothing to merge
+    (2, 31, 512, 1, 512, False), (2, 32, 512, 1, 512, True), (1, 64, 16, 1, 16, True),  # splits
+    (4, 2, 128, 1, 128, True), (5, 2, 128, 1, 128, False),  # 512 rows of one token, then 640
+    (1, 2, 64, 4, 16, False),  # four tokens per sequence: the sink's rows need a pass of their own
+    (2, 2, 64, 1, 32, False),  # padding rows: the output's slice needs one
+])
+def test_auto_takes_the_kernel_from_32_splits_or_for_few_rows(num_seqs, num_splits, row_slots,
+                                                              tokens, num_heads, kernel):
+  rows = tokens * num_heads
+  results = (jax.ShapeDtypeStruct((num_seqs, num_splits, row_slots, 512), jnp.float32),
+             jax.ShapeDtypeStruct((num_seqs, num_splits, row_slots), jnp.float32))
   if num_splits == 1:
-    results = (jax.ShapeDtypeStruct((1, num_rows, 512), jnp.bfloat16),
-               jax.ShapeDtypeStruct((1, num_rows), jnp.float32))
-  finish = functools.partial(pallas_merge.finish, num_splits=num_splits, rows=num_rows,
-                             num_tokens=1, num_heads=num_rows, merge="auto", interpret=True)
+    results = (jax.ShapeDtypeStruct((num_seqs, row_slots, 512), jnp.bfloat16),
+               jax.ShapeDtypeStruct((num_seqs, row_slots), jnp.float32))
+  finish = functools.partial(pallas_merge.finish, num_splits=num_splits, rows=rows,
+                             num_tokens=num_seqs * tokens, num_heads=num_heads, merge="auto",
+                             interpret=True)
   jaxpr = str(jax.make_jaxpr(lambda r, s: finish(r, sink_rows=s))(
-      results, jax.ShapeDtypeStruct((num_rows,), jnp.float32)))
+      results, jax.ShapeDtypeStruct((row_slots,), jnp.float32)))
   assert ("pallas_call" in jaxpr) == kernel
 
 

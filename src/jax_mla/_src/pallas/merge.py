@@ -25,6 +25,12 @@ MERGES = ("auto", "xla", "kernel")
 # strategy past 16), the kernel 4.5 / 4.8 / 6.1; with more sequences XLA wins (1.8 against
 # 7.9 us for 32 sequences of 2 splits).
 KERNEL_MERGE_MIN_SPLITS = 32
+# ... and with fewer splits where the partials hold at most this many rows in all (sequences x
+# heads) and one row per head (one token per sequence, no padding rows), where XLA's two merge
+# kernels cost more than this one launch; with more tokens or padding rows the kernel needs
+# XLA passes of its own (the sink's rows, the output's slice). H100, 2026-12-06:
+# benchmarks/README.md's choice table.
+KERNEL_MERGE_MAX_ROWS = 512
 # merge_kernel's tile: 128 of the 512 columns, and as many rows as keep one program's load of
 # every split at about 4096 elements (16 KB), so the splits' loads are issued together rather
 # than one latency after another in a loop.
@@ -109,12 +115,14 @@ def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads, merge
            interpret: bool = False):
   """The kernel's results (final, or partials when num_splits > 1, then merged here by
   `merge`: "xla" (merge_partials), "kernel" (merge_kernel) or "auto" (the kernel from
-  KERNEL_MERGE_MIN_SPLITS splits on)) as (out bf16 [T, H, 512], lse f32 [T, H]), padding rows
-  dropped."""
+  KERNEL_MERGE_MIN_SPLITS splits on, or for at most KERNEL_MERGE_MAX_ROWS rows of one token
+  and no padding)) as (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped."""
   if merge not in MERGES:
     raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-  if merge == "auto":
-    merge = "kernel" if num_splits >= KERNEL_MERGE_MIN_SPLITS else "xla"
+  if merge == "auto" and num_splits > 1:
+    num_seqs, _, row_slots, _ = results[0].shape
+    few_rows = row_slots == num_heads and num_seqs * row_slots <= KERNEL_MERGE_MAX_ROWS
+    merge = "kernel" if num_splits >= KERNEL_MERGE_MIN_SPLITS or few_rows else "xla"
   if num_splits == 1:
     out, lse = results
   elif merge == "kernel":
