@@ -124,10 +124,11 @@ FEW_ROWS_DEFAULT = pallas_merge.KERNEL_MERGE_MAX_ROWS
 
 
 @pytest.fixture(autouse=True)
-def _xla_merges_below_32_splits(monkeypatch):
-  """These batches are small, so their 2 to 31 splits would take the merge kernel
+def xla_merges_below_32_splits(monkeypatch):
+  """The tests' batches are small, so their 2 to 31 splits would take the merge kernel
   (pallas.merge.KERNEL_MERGE_MAX_ROWS); XLA's merge, which a decode of more rows takes, is
-  what they check instead. test_few_rows_take_the_merge_kernel checks the kernel's."""
+  what they check instead (here and in test_pallas_sources, which imports this).
+  test_few_rows_take_the_merge_kernel checks the kernel's."""
   monkeypatch.setattr(pallas_merge, "KERNEL_MERGE_MAX_ROWS", 0)
 
 

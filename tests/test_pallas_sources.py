@@ -28,6 +28,7 @@ from support.rows import make_batch, poison_padding
 from jax_mla._src.pallas import backend as pallas_backend
 from jax_mla._src.pallas import triton as pd
 from test_mosaic import call as mosaic_call, few_splits, with_modes, with_modes_by
+from test_mosaic import xla_merges_below_32_splits  # noqa: F401  (autouse)
 from test_pallas import MODES  # Pallas interpret mode, and compiled through Triton on a GPU
 
 
