@@ -206,8 +206,9 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   paired = rank is not None
-  arg_types = (*(read_only_ref_type(),) * 3, scalar, read_only_ref_type(), scalar,
-               plgpu.RefType(k_tile_transforms()), carried_type(paired).layout)
+  arg_types = (read_only_ref_type(),) * 3 + (scalar, read_only_ref_type(), scalar,
+                                             plgpu.RefType(k_tile_transforms()),
+                                             carried_type(paired).layout)
   if paired:
     arg_types += (scalar,)
   carried_groups = CARRIED_GROUPS[paired]
