@@ -57,6 +57,9 @@ WORDS_PER_GROUP = 4 + 4 * FP8_LINES + 4
 # next, paired (two groups per warp and block) and unpaired (four): 24 words per group held
 # across the loop, one group more live while a group is converted.
 CARRIED_GROUPS = {True: 2, False: 2}
+# Whether gather_step issues a group's loads after converting the group before it (so the new
+# words may take the converted group's registers) rather than before, paired / unpaired.
+ISSUE_AFTER_CONVERT = {True: False, False: False}
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -222,11 +225,16 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
+    after = ISSUE_AFTER_CONVERT[paired]
     for (next_block, ahead), g in step_schedule(emit.groups, carried_groups):
-      # Issued first, so its loads fly while group g converts.
-      queue.append(emit.issue(ahead, next_count if next_block else count,
-                              idx=next_idx if next_block else idx, clamp=clamp))
+      issue = lambda: queue.append(emit.issue(  # pylint: disable=cell-var-from-loop
+          ahead, next_count if next_block else count, idx=next_idx if next_block else idx,
+          clamp=clamp))
+      if not after:  # issued first, so its loads fly while group g converts
+        issue()
       emit.convert(g, count, queue.pop(0))
+      if after:
+        issue()
     return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
