@@ -181,23 +181,29 @@ def test_fp8_nan_codes_give_nan_and_nothing_else():
   assert (np.isnan(full) == want_nan).all()
 
 
+@pytest.mark.parametrize("issue_after", [False, True])
 @pytest.mark.parametrize("paired", [False, True])
-def test_pipelined_producer_loads_every_group_once_before_it_converts(paired):
-  """gather_step's schedule over consecutive blocks (gather_issue's prologue first): each row
-  group of each block is loaded exactly once, before its conversion, in block order, with at
-  most CARRIED_GROUPS + 1 groups' words live."""
+def test_pipelined_producer_loads_every_group_once_before_it_converts(paired, issue_after):
+  """gather_step's schedule over consecutive blocks, applied as gather_step applies it
+  (gather_issue's prologue first): each row group of each block is loaded exactly once, before
+  its conversion, in block order, with at most CARRIED_GROUPS + 1 groups' words live (issued
+  before the conversion) or CARRIED_GROUPS (issued after it, into the converted group's place)."""
   groups = mg.groups_per_warp(paired)
   carried = mg.CARRIED_GROUPS[paired]
   blocks = 3
   queue = [(0, g) for g in range(carried)]  # gather_issue: block 0's first groups
   loaded, converted = list(queue), []
   for block in range(blocks):
-    for (offset, ahead), g in mg.step_schedule(groups, carried):
-      queue.append((block + offset, ahead))
-      loaded.append((block + offset, ahead))
-      assert len(queue) <= carried + 1
-      assert queue.pop(0) == (block, g)
-      converted.append((block, g))
+    actions = mg.step_schedule(groups, carried, issue_after)
+    assert [a for a, _ in actions] == ["issue", "convert"][::-1 if issue_after else 1] * groups
+    for action, arg in actions:
+      if action == "issue":
+        queue.append((block + arg[0], arg[1]))
+        loaded.append((block + arg[0], arg[1]))
+        assert len(queue) <= carried + (0 if issue_after else 1)
+      else:
+        assert queue.pop(0) == (block, arg)
+        converted.append((block, arg))
   every = [(b, g) for b in range(blocks) for g in range(groups)]
   assert converted == every
   assert loaded[:len(every)] == every  # the rest: the block after the last, row 0 of the pool

@@ -30,8 +30,9 @@ tests). The kernel's producer runs the same per-group loads and conversion (_Fil
 pipelined: `gather_issue` loads a split's first block's first CARRIED_GROUPS row groups, and
 each `gather_step` converts a block while issuing every later group's loads one group ahead,
 the next block's first groups included, and returns those loaded words for the next step (a
-jax array carried through the producer's loop). Before, each block waited for its own loads
-(H200, 2026-12-04: 198.2 against 202.7 us at 128 heads, B 128, K 2048).
+jax array carried through the producer's loop; `step_schedule` is the order). Before, each
+block waited for its own loads (H200, 2026-12-04: 198.2 against 202.7 us at 128 heads, B 128,
+K 2048).
 """
 
 from __future__ import annotations
@@ -57,9 +58,14 @@ WORDS_PER_GROUP = 4 + 4 * FP8_LINES + 4
 # next, paired (two groups per warp and block) and unpaired (four): 24 words per group held
 # across the loop, one group more live while a group is converted.
 CARRIED_GROUPS = {True: 2, False: 2}
-# Whether gather_step issues a group's loads after converting the group before it (so the new
-# words may take the converted group's registers) rather than before, paired / unpaired.
-ISSUE_AFTER_CONVERT = {True: False, False: False}
+# Whether gather_step issues each group's loads right after converting the group `carried`
+# before it rather than before converting it, paired / unpaired. After: the new words may take
+# the converted group's registers, so ptxas no longer copies the next block's words into the
+# loop's carried registers at the step's end, waiting there for their loads (H100, 2026-12-06,
+# paired: 154.1 against 158.5 us at 128 heads, B 128, K 2048). Unpaired (four groups, two
+# carried) it leaves a group's loads one conversion to land instead of two: 107.0 against 102.3
+# at 64 heads, B 128, K 2048.
+ISSUE_AFTER_CONVERT = {True: True, False: False}
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -161,14 +167,18 @@ def carried_type(paired):
                                 layout=plgpu.Layout.WG_STRIDED(shape, vec_size=4))
 
 
-def step_schedule(groups, carried):
+def step_schedule(groups, carried, issue_after=False):
   """gather_step's order for a block of `groups` row groups per warp with `carried` groups'
-  loads carried in: per group g, ((block offset, group) whose loads are issued, then g
-  converted): each later group's loads are issued one conversion before that group is due, in
-  this block (offset 0) or the next (1)."""
+  loads carried in: ("issue", (block offset, group)) and ("convert", group) actions. Group
+  g + carried's loads (in this block, offset 0, or the next, 1) are issued just before group g
+  converts, or with issue_after just after, when g's words are dead."""
   if not 0 < carried <= groups:
     raise ValueError(f"carried must be 1 .. {groups} row groups, got {carried}")
-  return [(divmod(g + carried, groups), g) for g in range(groups)]
+  actions = []
+  for g in range(groups):
+    issue, convert = ("issue", divmod(g + carried, groups)), ("convert", g)
+    actions += [convert, issue] if issue_after else [issue, convert]
+  return actions
 
 
 def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
@@ -225,16 +235,13 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
-    after = ISSUE_AFTER_CONVERT[paired]
-    for (next_block, ahead), g in step_schedule(emit.groups, carried_groups):
-      issue = lambda: queue.append(emit.issue(  # pylint: disable=cell-var-from-loop
-          ahead, next_count if next_block else count, idx=next_idx if next_block else idx,
-          clamp=clamp))
-      if not after:  # issued first, so its loads fly while group g converts
-        issue()
-      emit.convert(g, count, queue.pop(0))
-      if after:
-        issue()
+    for action, arg in step_schedule(emit.groups, carried_groups, ISSUE_AFTER_CONVERT[paired]):
+      if action == "convert":
+        emit.convert(arg, count, queue.pop(0))
+      else:
+        next_block, group = arg
+        queue.append(emit.issue(group, next_count if next_block else count,
+                                idx=next_idx if next_block else idx, clamp=clamp))
     return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
