@@ -195,7 +195,8 @@ def test_pipelined_producer_loads_every_group_once_before_it_converts(paired, is
   loaded, converted = list(queue), []
   for block in range(blocks):
     actions = mg.step_schedule(groups, carried, issue_after)
-    assert [a for a, _ in actions] == ["issue", "convert"][::-1 if issue_after else 1] * groups
+    per_group = ["convert", "issue"] if issue_after else ["issue", "convert"]
+    assert [a for a, _ in actions] == per_group * groups
     for action, arg in actions:
       if action == "issue":
         queue.append((block + arg[0], arg[1]))
