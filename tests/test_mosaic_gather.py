@@ -3,6 +3,8 @@ tile, against a numpy oracle (bit-exact); its lowering on any machine."""
 
 import functools
 import itertools
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,9 @@ from jax_mla._src import layout
 from jax_mla._src.pallas.mosaic import gather as mg
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 from test_mosaic import GPU
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import mosaic_ir  # noqa: E402  pylint: disable=wrong-import-position
 
 POOL = 4096
 
@@ -214,3 +219,28 @@ def test_pipelined_producer_loads_every_group_once_before_it_converts(paired, is
 def test_pipelined_producer_rejects_carrying_more_than_a_block():
   with pytest.raises(ValueError, match="carried"):
     mg.step_schedule(2, 3)
+
+
+HINTED_LOAD = "ld.global.nc.L1::no_allocate.v4.u32"
+PLAIN_LOAD = "ld.global.nc.v4.u32"
+
+
+def _decode_module(config):
+  texts = mosaic_ir.module_texts(*mosaic_ir.CONFIGS[config])
+  assert len(texts) == 1, texts
+  return texts[0]
+
+
+@pytest.mark.parametrize("hinted", [False, True])
+def test_k_gather_loads_carry_their_kernels_cache_hint(monkeypatch, hinted):
+  """K_LOAD_QUALIFIERS reaches the K gather's loads of its kernel (paired / unpaired) and no
+  other load: Q's stay plain."""
+  monkeypatch.setattr(mg, "K_LOAD_QUALIFIERS", {True: ".L1::no_allocate" if hinted else "",
+                                                 False: ""})
+  try:
+    paired, unpaired = _decode_module("paired"), _decode_module("unpaired")
+  except mosaic_ir.ir.MLIRError as error:  # jax 0.11.2's bindings reject Mosaic's #gpu<dim x>
+    pytest.skip(f"jax {jax.__version__} cannot parse the Mosaic module back: {error}")
+  assert HINTED_LOAD not in unpaired and PLAIN_LOAD in unpaired
+  assert PLAIN_LOAD in paired  # Q's loads
+  assert (HINTED_LOAD in paired) == hinted

@@ -66,6 +66,12 @@ CARRIED_GROUPS = {True: 2, False: 2}
 # carried) it leaves a group's loads one conversion to land instead of two: 107.0 against 102.3
 # at 64 heads, B 128, K 2048.
 ISSUE_AFTER_CONVERT = {True: True, False: False}
+# PTX qualifiers of the K gather's global loads (between ld.global.nc and .v4), paired /
+# unpaired. No L1 line is allocated for the paired rows (L1 hit rate 6%): 51.7 against 54.9 us
+# at 128 heads, B 128, K 512 on an H100 (2026-12-06, bit-identical; 153.2 against 153.9 at
+# K 2048). Unpaired it lost (107.6 against 102.3 at 64 heads, B 128, K 2048), and so did Q's
+# loads (26.5 against 26.1 at 128 heads, B 64, K 512); neither investigated.
+K_LOAD_QUALIFIERS = {True: ".L1::no_allocate", False: ""}
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -152,7 +158,7 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
       rank, ready, tile = pair_args
       peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
     _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp,
-               peer=peer)
+               peer=peer, loads=K_LOAD_QUALIFIERS[peer is not None])
 
   fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *(pair or ()))
 
@@ -197,7 +203,8 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
   def issue(ctx, kv, rope, idx, valid_count, *rank_arg):
     del ctx
     emit = _FillEmitter(kv, rope, None, "bf16",
-                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None)
+                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
+                        loads=K_LOAD_QUALIFIERS[paired])
     count = valid_count.registers.flat[0]
     return _pack_carried([w for g in range(CARRIED_GROUPS[paired])
                           for w in emit.issue(g, count, idx=idx, clamp=clamp)], paired)
@@ -231,7 +238,8 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
            *rank_arg):
     del ctx
     emit = _FillEmitter(kv, rope, k, "bf16",
-                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None)
+                        peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
+                        loads=K_LOAD_QUALIFIERS[paired])
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
@@ -456,11 +464,11 @@ class _FillEmitter:
   stores them into the tile. The one-shot fill (_emit_fill) and the pipelined producer step
   (gather_step: the next block's loads in flight while this one is converted) share them."""
 
-  def __init__(self, kv, rope, k, math, peer=None):
+  def __init__(self, kv, rope, k, math, peer=None, loads=""):
     """peer: (this CTA's rank in its pair, the shared::cta address of the peer-written tile's
     barrier): half the rows, each stored here and in the peer (gather_dequantize's pair); the
     barrier None to store them here only (gather_step's). k: the tile (None to issue loads
-    only)."""
+    only). loads: the global loads' PTX qualifiers (K_LOAD_QUALIFIERS')."""
     # pylint: disable=import-outside-toplevel
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
@@ -490,6 +498,7 @@ class _FillEmitter:
     self.in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, self.piece,
                              self.c32(layout.NOPE_DIM % LINE // CHUNK))
     self.groups = groups_per_warp(peer is not None)
+    self.loads = loads
 
   def c32(self, v):
     return self.mgpu_utils.c(v, self.i32)
@@ -517,10 +526,10 @@ class _FillEmitter:
                                                                               self.i64)))
     rope_address = self.add(self.rope_base, arith.muli(
         entry, self.mgpu_utils.c(2 * layout.ROPE_DIM, self.i64)))
-    words = _load16(self.add(row_address, layout.SCALE_OFFSET))
+    words = _load16(self.add(row_address, layout.SCALE_OFFSET), self.loads)
     for j in range(FP8_LINES):
-      words += _load16(self.add(self.add(row_address, j * LINE), self.piece_bytes))
-    return words + _load16(self.add(rope_address, self.rope_bytes))
+      words += _load16(self.add(self.add(row_address, j * LINE), self.piece_bytes), self.loads)
+    return words + _load16(self.add(rope_address, self.rope_bytes), self.loads)
 
   def convert(self, group, valid_count, words):
     """Dequantizes and stores row group `group`'s loaded words (issue's), zeros for a row at or
@@ -615,10 +624,10 @@ _SCALED = {
 
 
 def _emit_fill(kv, rope, valid_count, k, math, *, idx=None, first_row=None, clamp=False,
-               peer=None):
+               peer=None, loads=""):
   """The one-shot gather's IR: rows idx[r] (or first_row + r) for r < valid_count, the loads of
-  GROUPS_IN_FLIGHT row groups issued before any is converted. peer: _FillEmitter's."""
-  emit = _FillEmitter(kv, rope, k, math, peer)
+  GROUPS_IN_FLIGHT row groups issued before any is converted. peer, loads: _FillEmitter's."""
+  emit = _FillEmitter(kv, rope, k, math, peer, loads)
   for first in range(0, emit.groups, GROUPS_IN_FLIGHT):
     groups = range(first, first + GROUPS_IN_FLIGHT)
     loaded = [emit.issue(g, valid_count, idx=idx, first_row=first_row, clamp=clamp)
@@ -653,9 +662,10 @@ def _asm(results, operands, text, constraints):
   return [out] if results == 1 else [llvm.extractvalue(i32, out, [i]) for i in range(results)]
 
 
-def _load16(address):
+def _load16(address, qualifiers=""):
   """Four words from global memory (the non-coherent path: the rows are read-only here)."""
-  return _asm(4, [address], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+  return _asm(4, [address], f"ld.global.nc{qualifiers}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
+              "=r,=r,=r,=r,l")
 
 
 def _listed_entry(idx, row, valid, zero, clamp_to=None):
