@@ -231,16 +231,20 @@ def _decode_module(config):
   return texts[0]
 
 
-@pytest.mark.parametrize("hinted", [False, True])
-def test_k_gather_loads_carry_their_kernels_cache_hint(monkeypatch, hinted):
-  """K_LOAD_QUALIFIERS reaches the K gather's loads of its kernel (paired / unpaired) and no
-  other load: Q's stay plain."""
-  monkeypatch.setattr(mg, "K_LOAD_QUALIFIERS", {True: ".L1::no_allocate" if hinted else "",
-                                                 False: ""})
-  try:
-    paired, unpaired = _decode_module("paired"), _decode_module("unpaired")
-  except mosaic_ir.ir.MLIRError as error:  # jax 0.11.2's bindings reject Mosaic's #gpu<dim x>
-    pytest.skip(f"jax {jax.__version__} cannot parse the Mosaic module back: {error}")
-  assert HINTED_LOAD not in unpaired and PLAIN_LOAD in unpaired
-  assert PLAIN_LOAD in paired  # Q's loads
-  assert (HINTED_LOAD in paired) == hinted
+def test_k_gather_loads_carry_their_kernels_cache_hint(monkeypatch):
+  """K_LOAD_QUALIFIERS reaches every K gather load of its kernel and no other load: with the
+  paired kernel's hint set, all its loads but Q's carry it, none is added or lost, and the
+  unpaired kernel does not change."""
+  q_loads = mg.groups_per_warp(False) * mg.WORDS_PER_GROUP // 4  # Q's block, gathered unpaired
+  modules = {}
+  for hint in ("", ".L1::no_allocate"):
+    monkeypatch.setattr(mg, "K_LOAD_QUALIFIERS", {True: hint, False: ""})
+    try:
+      modules[hint] = _decode_module("paired"), _decode_module("unpaired")
+    except mosaic_ir.ir.MLIRError as error:  # jax 0.11.2's bindings reject Mosaic's #gpu<dim x>
+      pytest.skip(f"jax {jax.__version__} cannot parse the Mosaic module back: {error}")
+  (plain, unpaired), (hinted, hinted_unpaired) = modules[""], modules[".L1::no_allocate"]
+  assert HINTED_LOAD not in plain and HINTED_LOAD not in unpaired
+  assert hinted_unpaired == unpaired
+  assert hinted.count(PLAIN_LOAD) == q_loads
+  assert hinted.count(HINTED_LOAD) + q_loads == plain.count(PLAIN_LOAD)
