@@ -155,15 +155,18 @@ def test_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits, mo
   check_against_oracle(batch, out, lse)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_few_rows_take_the_merge_kernel(mode, monkeypatch):
-  """64 heads, 2 sequences, 3 splits: 128 rows of one token, at most KERNEL_MERGE_MAX_ROWS, so
-  merge="auto" takes the merge kernel (its lowering says so), against the oracle."""
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq",
+                         with_modes([(64, 1), (16, 4), (32, 1)]))
+def test_few_rows_take_the_merge_kernel(mode, num_heads, tokens_per_seq, monkeypatch):
+  """2 sequences, 3 splits: 128 rows of one token at 64 heads, 128 of four tokens at 16 x 4, 64
+  of which 32 padding at 32 heads, all at most KERNEL_MERGE_MAX_ROWS, so merge="auto" takes the
+  merge kernel (its lowering says so; by head, only the real rows), against the oracle."""
   monkeypatch.setattr(pallas_merge, "KERNEL_MERGE_MAX_ROWS", FEW_ROWS_DEFAULT)
-  rng = np.random.default_rng(5)
-  batch = make_batch(rng, num_heads=64, lengths=[300, 2], pool_rows=4096,
-                     sink=rng.normal(size=64).astype(np.float32), extra_indices=7)
-  fn = functools.partial(md.mosaic_decode, tokens_per_seq=1, num_kv_splits_=3)
+  rng = np.random.default_rng(5 + num_heads)
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=[300, 2],
+                     pool_rows=4096, sink=rng.normal(size=num_heads).astype(np.float32),
+                     extra_indices=7)
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=3)
   module = export_for(fn, "cuda", *abstract_args(batch),
                       custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
   assert "jax_mla_merge_partials" in module

@@ -120,12 +120,20 @@ def test_the_kernel_and_xla_agree_to_a_bf16_rounding():
   assert (diff <= 2.0**-8 * np.abs(np.asarray(b[0], np.float32)) + 1e-6).all()
 
 
+MAX_ROWS = pallas_merge.KERNEL_MERGE_MAX_ROWS
+
+
 @pytest.mark.parametrize("num_seqs,num_splits,row_slots,tokens,num_heads,kernel", [
     (1, 1, 128, 1, 128, False),  # nothing to merge
-    (2, 31, 512, 1, 512, False), (2, 32, 512, 1, 512, True), (1, 64, 16, 1, 16, True),  # splits
-    (4, 2, 128, 1, 128, True), (5, 2, 128, 1, 128, False),  # 512 rows of one token, then 640
-    (1, 2, 64, 4, 16, False),  # four tokens per sequence: the sink's rows need a pass of their own
-    (2, 2, 64, 1, 32, False),  # padding rows: the output's slice needs one
+    (MAX_ROWS // 512 + 1, 31, 512, 1, 512, False),  # too many rows ...
+    (MAX_ROWS // 512 + 1, 32, 512, 1, 512, True), (1, 64, 16, 1, 16, True),  # ... but 32 splits
+    (MAX_ROWS // 128, 2, 128, 1, 128, True),  # at most MAX_ROWS rows, then more
+    (MAX_ROWS // 128 + 1, 2, 128, 1, 128, False),
+    (MAX_ROWS // 64, 2, 64, 4, 16, True),  # four tokens per sequence: the same
+    (MAX_ROWS // 64 + 1, 2, 64, 4, 16, False),
+    (MAX_ROWS // 32, 2, 64, 1, 32, True),  # padding rows: only the real ones count
+    (MAX_ROWS // 32 + 1, 2, 64, 1, 32, False),
+    (1, 2, 64, 1, 40, False),  # 40 rows: not the kernel's multiple of 16
 ])
 def test_auto_takes_the_kernel_from_32_splits_or_for_few_rows(num_seqs, num_splits, row_slots,
                                                               tokens, num_heads, kernel):
@@ -138,8 +146,8 @@ def test_auto_takes_the_kernel_from_32_splits_or_for_few_rows(num_seqs, num_spli
   finish = functools.partial(pallas_merge.finish, num_splits=num_splits, rows=rows,
                              num_tokens=num_seqs * tokens, num_heads=num_heads, merge="auto",
                              interpret=True)
-  jaxpr = str(jax.make_jaxpr(lambda r, s: finish(r, sink_rows=s))(
-      results, jax.ShapeDtypeStruct((row_slots,), jnp.float32)))
+  jaxpr = str(jax.make_jaxpr(lambda r, s: finish(r, sink=s))(
+      results, jax.ShapeDtypeStruct((num_heads,), jnp.float32)))
   assert ("pallas_call" in jaxpr) == kernel
 
 
@@ -151,3 +159,40 @@ def test_bad_arguments_raise():
                         merge="fused")
   with pytest.raises(ValueError, match="rows a multiple of 16"):
     pallas_merge.merge_kernel(parts[:, :, :8], lse[:, :, :8], jnp.zeros(8), interpret=True)
+  with pytest.raises(ValueError, match="rows a multiple of 16, at most the partials'"):
+    pallas_merge.merge_kernel(parts, lse, jnp.zeros(16), rows=32, heads=16, interpret=True)
+  with pytest.raises(ValueError, match=r"a sink per head, \[4\], got \(16,\)"):
+    pallas_merge.merge_kernel(parts, lse, jnp.zeros(16), heads=4, interpret=True)
+
+
+def finish_both(results, sink, **layout):
+  """pallas_merge.finish by the kernel (interpret mode) and by XLA, on the same results."""
+  return [pallas_merge.finish(results, results[0].shape[1], jnp.asarray(sink), merge=merge,
+                              interpret=True, **layout) for merge in ("kernel", "xla")]
+
+
+@pytest.mark.parametrize("tokens,num_heads,row_slots", [
+    (4, 16, 64),  # several tokens a sequence: row r takes head r % 16's sink
+    (1, 32, 64),  # padding rows (poisoned): dropped, never merged
+    (2, 16, 64),  # both
+])
+def test_the_kernel_lays_out_rows_by_head_and_drops_padding(tokens, num_heads, row_slots):
+  rng = np.random.default_rng(tokens * 1000 + num_heads)
+  num_seqs, rows = 2, tokens * num_heads
+  parts, part_lse, _ = make_partials(rng, num_seqs, 3, row_slots)
+  parts[:, :, rows:] = np.nan  # padding rows: nothing of them may reach the result
+  part_lse[:, :, rows:] = np.nan
+  sink = rng.standard_normal(num_heads).astype(np.float32)
+  sink[3] = -np.inf
+  sink_rows = np.tile(sink, tokens)  # the oracle's sink by row, from the definition
+  want_out, want_lse = oracle_merge(parts[:, :, :rows], part_lse[:, :, :rows], sink_rows)
+  assert np.isfinite(want_out).all()
+  merged = pallas_merge.merge_kernel(parts, part_lse, sink, rows=rows, heads=num_heads,
+                                     interpret=True)
+  assert [x.shape for x in merged] == [(num_seqs, rows, 512), (num_seqs, rows)]
+  layout = dict(rows=rows, num_tokens=num_seqs * tokens, num_heads=num_heads)
+  for out, lse in finish_both((parts, part_lse), sink, **layout):
+    assert out.shape == (num_seqs * tokens, num_heads, 512)
+    assert lse.shape == (num_seqs * tokens, num_heads)
+    assert_bf16_decode_close(np.asarray(out, np.float32).reshape(num_seqs, rows, 512),
+                             np.asarray(lse).reshape(num_seqs, rows), want_out, want_lse)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jax_mla._src import lse_merge
+from jax_mla._src.pallas import plan as pallas_plan
 
 
 MERGES = ("auto", "xla", "kernel")
@@ -25,12 +26,12 @@ MERGES = ("auto", "xla", "kernel")
 # strategy past 16), the kernel 4.5 / 4.8 / 6.1; with more sequences XLA wins (1.8 against
 # 7.9 us for 32 sequences of 2 splits).
 KERNEL_MERGE_MIN_SPLITS = 32
-# ... and with fewer splits where the partials hold at most this many rows in all (sequences x
-# heads) and one row per head (one token per sequence, no padding rows), where XLA's two merge
-# kernels cost more than this one launch; with more tokens or padding rows the kernel needs
-# XLA passes of its own (the sink's rows, the output's slice). H100, 2026-12-06:
-# benchmarks/README.md's choice table.
-KERNEL_MERGE_MAX_ROWS = 512
+# ... and with fewer splits where the partials hold at most this many real rows in all
+# (sequences x tokens x heads): one launch that reads only the real rows, where XLA's merge is
+# two fusions. H100, 2026-12-06 (benchmarks/README.md's choice table, merge_kernel_rows*_ab.json):
+# 0.7-1.4 us less from 512 to 4096 rows (16.9 against 17.6 us at 16 x 4, B 32, K 512; 20.9
+# against 22.2 at 128 heads, B 32, K 512), tied at 128 heads, B 8; unmeasured past 4096.
+KERNEL_MERGE_MAX_ROWS = 4096
 # merge_kernel's tile: 128 of the 512 columns, and as many rows as keep one program's load of
 # every split at about 4096 elements (16 KB), so the splits' loads are issued together rather
 # than one latency after another in a loop.
@@ -61,7 +62,7 @@ def merge_partials(parts, part_lse, sink_rows):
 
 
 def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_splits: int,
-                padded_splits: int, block_rows: int, block_cols: int):
+                padded_splits: int, block_rows: int, block_cols: int, heads: int):
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
   seq, row_block, col_block = (pl.program_id(i) for i in range(3))
   splits = jnp.arange(padded_splits, dtype=jnp.int32)[:, None]
@@ -74,7 +75,8 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
                      mask=jnp.broadcast_to(real[:, :, None], (*real.shape, block_cols)),
                      other=0.0).astype(jnp.float32)
   part_lse = plgpu.load(lse_ref.at[seq, splits, rows], mask=real, other=-jnp.inf)
-  sink = sink_ref[pl.ds(row_block * block_rows, block_rows)]
+  # Row r is head r % heads of its token: the sink by head, so no XLA pass lays it out by row.
+  sink = plgpu.load(sink_ref.at[rows[0] % heads])
   out, lse = lse_merge.merge(parts, part_lse, sink[None, :], axis=0)
   out_ref[seq, pl.ds(row_block * block_rows, block_rows),
           pl.ds(col_block * block_cols, block_cols)] = out.astype(out_ref.dtype)
@@ -84,50 +86,59 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
     out_lse_ref[seq, pl.ds(row_block * block_rows, block_rows)] = lse[0]
 
 
-def merge_kernel(parts, part_lse, sink_rows, *, interpret: bool = False,
-                 block_cols: int = MERGE_COLS, elements: int = MERGE_ELEMENTS,
-                 num_warps: int = MERGE_WARPS):
-  """merge_partials as one Pallas kernel (Triton-lowered; interpret mode on any backend).
+def merge_kernel(parts, part_lse, sink, *, rows: int | None = None, heads: int | None = None,
+                 interpret: bool = False, block_cols: int = MERGE_COLS,
+                 elements: int = MERGE_ELEMENTS, num_warps: int = MERGE_WARPS):
+  """merge_partials as one Pallas kernel (Triton-lowered; interpret mode on any backend), of
+  the first `rows` rows of the partials (default: all; the rest are the decode kernels'
+  padding), row r taking sink[r % heads] (default heads: one sink per row, sink_rows's).
 
   A program per (sequence, tile of rows, 128 columns) loads every split of its tile together;
-  the rows must be a multiple of 16 (the Pallas kernels pad them to their row blocks)."""
+  `rows` must be a multiple of 16."""
   num_seqs, num_splits, num_rows, head_dim = parts.shape
-  if head_dim % block_cols or num_rows % 16:
-    raise ValueError(f"merge_kernel needs rows a multiple of 16 and columns of "
-                     f"{block_cols}, got parts {parts.shape}")
+  rows = num_rows if rows is None else rows
+  heads = num_rows if heads is None else heads
+  if head_dim % block_cols or rows % 16 or not 0 < rows <= num_rows:
+    raise ValueError(f"merge_kernel needs rows a multiple of 16, at most the partials', and "
+                     f"columns of {block_cols}, got rows {rows} of parts {parts.shape}")
+  if sink.shape != (heads,):
+    raise ValueError(f"merge_kernel needs a sink per head, [{heads}], got {sink.shape}")
   padded_splits = pl.next_power_of_2(num_splits)
   block_rows = max(1, min(16, elements // (padded_splits * block_cols)))
   kernel = functools.partial(_merge_tile, num_splits=num_splits, padded_splits=padded_splits,
-                             block_rows=block_rows, block_cols=block_cols)
+                             block_rows=block_rows, block_cols=block_cols, heads=heads)
   extra = {}
   if not interpret:
     from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
     extra["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
   return pl.pallas_call(
-      kernel, grid=(num_seqs, num_rows // block_rows, head_dim // block_cols),
-      out_shape=(jax.ShapeDtypeStruct((num_seqs, num_rows, head_dim), jnp.bfloat16),
-                 jax.ShapeDtypeStruct((num_seqs, num_rows), jnp.float32)),
+      kernel, grid=(num_seqs, rows // block_rows, head_dim // block_cols),
+      out_shape=(jax.ShapeDtypeStruct((num_seqs, rows, head_dim), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((num_seqs, rows), jnp.float32)),
       interpret=interpret, name="jax_mla_merge_partials", **extra,
-  )(parts, part_lse, sink_rows)
+  )(parts, part_lse, sink.astype(jnp.float32))
 
 
-def finish(results, num_splits, sink_rows, *, rows, num_tokens, num_heads, merge: str = "xla",
+def finish(results, num_splits, sink, *, rows, num_tokens, num_heads, merge: str = "xla",
            interpret: bool = False):
   """The kernel's results (final, or partials when num_splits > 1, then merged here by
   `merge`: "xla" (merge_partials), "kernel" (merge_kernel) or "auto" (the kernel from
-  KERNEL_MERGE_MIN_SPLITS splits on, or for at most KERNEL_MERGE_MAX_ROWS rows of one token
-  and no padding)) as (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped."""
+  KERNEL_MERGE_MIN_SPLITS splits on, or for at most KERNEL_MERGE_MAX_ROWS real rows)) as
+  (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped. sink: f32 [H]; `rows` real
+  rows per sequence (tokens x heads) lead the results' padded rows."""
   if merge not in MERGES:
     raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
   if merge == "auto" and num_splits > 1:
-    num_seqs, _, row_slots, _ = results[0].shape
-    few_rows = row_slots == num_heads and num_seqs * row_slots <= KERNEL_MERGE_MAX_ROWS
-    merge = "kernel" if num_splits >= KERNEL_MERGE_MIN_SPLITS or few_rows else "xla"
+    num_seqs = results[0].shape[0]
+    few_rows = num_seqs * rows <= KERNEL_MERGE_MAX_ROWS
+    merge = ("kernel" if (num_splits >= KERNEL_MERGE_MIN_SPLITS or few_rows) and rows % 16 == 0
+             else "xla")
   if num_splits == 1:
     out, lse = results
   elif merge == "kernel":
-    out, lse = merge_kernel(*results, sink_rows, interpret=interpret)
+    out, lse = merge_kernel(*results, sink, rows=rows, heads=num_heads, interpret=interpret)
   else:
+    sink_rows = pallas_plan.sink_rows(sink, rows // num_heads, results[0].shape[2])
     out, lse = merge_partials(*results, sink_rows)
   out = out[:, :rows]
   return (out.reshape(num_tokens, num_heads, out.shape[-1]),

@@ -84,7 +84,6 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       num_seqs, row_blocks, num_indices, BLOCK_KV, min_entries=MIN_SPLIT_ENTRIES,
       rule=SPLIT_RULE)
 
-  sink_rows = pallas_plan.sink_rows(sink, tokens_per_seq, padded_rows)
   options = {}
   if q_rope is None:  # float Q: the kernel reads the values (bf16; f32 rounded to bf16 there)
     q_inputs = (q.reshape(num_tokens * num_heads, layout.HEAD_DIM),)
@@ -130,11 +129,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
                                            unsafe_no_auto_barriers=True),
       num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
-    # The sink as given: the kernel reads each row's (mosaic.consumer.row_sinks); sink_rows
-    # only for the merge, inside its XLA fusion.
+    # The sink as given: the kernel reads each row's (mosaic.consumer.row_sinks), and so does
+    # the merge (by row inside XLA's fusion, by head in the merge kernel).
     *pallas_plan.pool_inputs(kv, kv_rope), sink.astype(jnp.float32), *extra_inputs)
-  out, lse = pallas_merge.finish(results, splits, sink_rows, rows=rows, num_tokens=num_tokens,
-                                 num_heads=num_heads, merge="auto")
+  out, lse = pallas_merge.finish(results, splits, sink.astype(jnp.float32), rows=rows,
+                                 num_tokens=num_tokens, num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
 
 
