@@ -29,7 +29,7 @@ KERNEL_MERGE_MIN_SPLITS = 32
 # ... and with fewer splits where the partials hold at most this many real rows in all
 # (sequences x tokens x heads): one launch that reads only the real rows, where XLA's merge is
 # two fusions. H100, 2026-12-06 (benchmarks/README.md's choice table, merge_kernel_rows*_ab.json):
-# 0.7-1.4 us less from 512 to 4096 rows (16.9 against 17.6 us at 16 x 4, B 32, K 512; 20.9
+# 0.5-1.4 us less from 512 to 4096 rows (16.9 against 17.6 us at 16 x 4, B 32, K 512; 20.9
 # against 22.2 at 128 heads, B 32, K 512), tied at 128 heads, B 8; unmeasured past 4096.
 KERNEL_MERGE_MAX_ROWS = 4096
 # merge_kernel's tile: 128 of the 512 columns, and as many rows as keep one program's load of
