@@ -215,7 +215,7 @@ def pair_stand_ins(plgpu):
 
 
 def merge_stand_in(plgpu):
-  """The merge kernel (from pallas.merge.KERNEL_MERGE_MIN_SPLITS splits) is Triton-style Pallas,
+  """The merge kernel (pallas.merge.finish's "auto" rule) is Triton-style Pallas,
   which Mosaic GPU's interpreter does not run: it runs in Pallas's own interpret mode."""
   kernel = pallas_merge.merge_kernel
 

@@ -124,8 +124,8 @@ def finish(results, num_splits, sink, *, rows, num_tokens, num_heads, merge: str
   """The kernel's results (final, or partials when num_splits > 1, then merged here by
   `merge`: "xla" (merge_partials), "kernel" (merge_kernel) or "auto" (the kernel from
   KERNEL_MERGE_MIN_SPLITS splits on, or for at most KERNEL_MERGE_MAX_ROWS real rows)) as
-  (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped. sink: f32 [H]; `rows` real
-  rows per sequence (tokens x heads) lead the results' padded rows."""
+  (out bf16 [T, H, 512], lse f32 [T, H]), padding rows dropped. sink: [H] (either merge takes
+  it as f32); `rows` real rows per sequence (tokens x heads) lead the results' padded rows."""
   if merge not in MERGES:
     raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
   if merge == "auto" and num_splits > 1:

@@ -271,8 +271,8 @@ def pallas_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   )(kv_indptr, _one_index_at_least(kv_indices), *q_inputs,
     *pallas_plan.pool_inputs(kv, kv_rope), sink_rows, *extra_inputs)
 
-  out, lse = pallas_merge.finish(results, num_splits, sink.astype(jnp.float32), rows=rows,
-                                 num_tokens=num_tokens, num_heads=num_heads)
+  out, lse = pallas_merge.finish(results, num_splits, sink, rows=rows, num_tokens=num_tokens,
+                                 num_heads=num_heads)
   return out, (lse if return_lse else None)
 
 

@@ -132,8 +132,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     # The sink as given: the kernel reads each row's (mosaic.consumer.row_sinks), and so does
     # the merge (by row inside XLA's fusion, by head in the merge kernel).
     *pallas_plan.pool_inputs(kv, kv_rope), sink.astype(jnp.float32), *extra_inputs)
-  out, lse = pallas_merge.finish(results, splits, sink.astype(jnp.float32), rows=rows,
-                                 num_tokens=num_tokens, num_heads=num_heads, merge="auto")
+  out, lse = pallas_merge.finish(results, splits, sink, rows=rows, num_tokens=num_tokens,
+                                 num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
 
 
