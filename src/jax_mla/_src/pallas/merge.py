@@ -88,13 +88,16 @@ def _merge_tile(parts_ref, lse_ref, sink_ref, out_ref, out_lse_ref, *, num_split
 
 def merge_kernel(parts, part_lse, sink, *, rows: int | None = None, heads: int | None = None,
                  interpret: bool = False, block_cols: int = MERGE_COLS,
-                 elements: int = MERGE_ELEMENTS, num_warps: int = MERGE_WARPS):
+                 elements: int | None = None, num_warps: int | None = None):
   """merge_partials as one Pallas kernel (Triton-lowered; interpret mode on any backend), of
   the first `rows` rows of the partials (default: all; the rest are the decode kernels'
   padding), row r taking sink[r % heads] (default heads: one sink per row, sink_rows's).
 
   A program per (sequence, tile of rows, 128 columns) loads every split of its tile together;
-  `rows` must be a multiple of 16."""
+  `rows` must be a multiple of 16. elements and num_warps default to MERGE_ELEMENTS and
+  MERGE_WARPS, read at the call so an A/B (benchmarks/mosaic_ab.py) can set them."""
+  elements = MERGE_ELEMENTS if elements is None else elements
+  num_warps = MERGE_WARPS if num_warps is None else num_warps
   num_seqs, num_splits, num_rows, head_dim = parts.shape
   rows = num_rows if rows is None else rows
   heads = num_rows if heads is None else heads
