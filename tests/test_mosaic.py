@@ -174,6 +174,53 @@ def test_few_rows_take_the_merge_kernel(mode, num_heads, tokens_per_seq, monkeyp
   check_against_oracle(batch, out, lse)
 
 
+# (heads, tokens, lengths, splits): unpaired CTAs with 2 splits run a sequence's splits as one
+# cluster that merges them through distributed shared memory (mosaic.cluster_merge); an empty
+# sequence and one shorter than a split leave splits that saw nothing.
+CLUSTER_SHAPES = [(16, 4, [300, 0, 2, 129], 2), (32, 1, [300, 0, 2, 129], 2),
+                  (64, 1, [5, 0, 150, 1], 2), (64, 1, [700, 64], 2)]
+
+
+@pytest.mark.parametrize("num_heads,tokens_per_seq,lengths,splits", CLUSTER_SHAPES)
+def test_cluster_merge_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq, lengths, splits):
+  """The splits as one cluster: the kernel writes the final out and lse (no partials), so no
+  merge runs after it."""
+  batch = make_batch(np.random.default_rng(1), num_heads=num_heads,
+                     tokens_per_seq=tokens_per_seq, lengths=lengths, sink=0.3)
+  fn = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq, num_kv_splits_=splits)
+  assert splits in md.CLUSTER_MERGE_SPLITS
+  exported = export_for(fn, "cuda", *abstract_args(batch),
+                        custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"])
+  module = exported.mlir_module()
+  assert "mosaic_gpu" in module and "jax_mla_merge_partials" not in module
+  # Nothing of the partials' shape anywhere ([B, S, 64, 512] bf16, their lse [B, S, 64]).
+  num_seqs = len(lengths)
+  assert f"tensor<{num_seqs}x{splits}x64x512xbf16>" not in module
+  assert f"tensor<{num_seqs}x{splits}x64xf32>" not in module
+  without = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
+                              num_kv_splits_=splits)
+  with pytest.MonkeyPatch.context() as patch:  # the same splits through partials: they appear
+    patch.setattr(md, "CLUSTER_MERGE_SPLITS", ())
+    partials = export_for(without, "cuda", *abstract_args(batch),
+                          custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
+  assert f"tensor<{num_seqs}x{splits}x64x512xbf16>" in partials
+
+
+@pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits",
+                         with_modes(CLUSTER_SHAPES, interpret=lambda shape: False))
+@pytest.mark.parametrize("sink", ["per_head", "none"])
+def test_cluster_merge_matches_the_oracle(mode, num_heads, tokens_per_seq, lengths, splits,
+                                          sink, monkeypatch):
+  """Hardware only: Mosaic GPU's interpreter has no distributed shared memory."""
+  rng = np.random.default_rng(num_heads + splits)
+  sinks = (rng.normal(size=num_heads).astype(np.float32) if sink == "per_head"
+           else np.full(num_heads, -np.inf, np.float32))
+  batch = make_batch(rng, num_heads=num_heads, tokens_per_seq=tokens_per_seq, lengths=lengths,
+                     pool_rows=4096, sink=sinks, extra_indices=7)
+  out, lse = run(mode, monkeypatch, batch, num_kv_splits=splits)
+  check_against_oracle(batch, out, lse)
+
+
 @pytest.mark.parametrize("pattern", ["random", "same", "last"])
 @pytest.mark.parametrize("mode,num_heads,tokens_per_seq", with_modes([(64, 1), (128, 1)]))
 def test_repeated_and_unsorted_indices(pattern, mode, num_heads, tokens_per_seq, monkeypatch):

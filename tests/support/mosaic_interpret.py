@@ -3,7 +3,9 @@ over simulated shared memory and mbarriers, with race detection. What it cannot 
 kernel's inline Mosaic IR (plgpu.inline_mgpu: the producer's per-thread loads and fp8
 conversions, the softmax's lane shuffles, the epilogue's per-row sink loads, a pair's PTX
 barriers and st.async into the peer), barriers shared across a cluster, a wgmma whose A
-operand is in registers, and the Triton-style merge kernel. `interpreted` replaces those with
+operand is in registers, the Triton-style merge kernel, and the splits' merge through
+distributed shared memory (mosaic.cluster_merge: interpret mode runs those splits through
+partials and pallas.merge instead). `interpreted` replaces those with
 stand-ins written in Pallas and jnp, to the same contracts (pair_stand_ins says what the
 paired model leaves out);
 everything else (the roles, their barriers and tile phases, the split plan, the masks, the
@@ -32,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax_mla._src import layout
 from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
+from jax_mla._src.pallas.mosaic import decode as mosaic_decode
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 
@@ -246,6 +249,9 @@ def interpreted(monkeypatch, *, detect_races=True):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   for module, name, stand_in in STAND_INS + pair_stand_ins(plgpu) + merge_stand_in(plgpu):
     monkeypatch.setattr(module, name, stand_in)
+  # The interpreter has no distributed shared memory: a cluster of splits merging there
+  # (mosaic.cluster_merge) is checked on hardware only; here the same splits write partials.
+  monkeypatch.setattr(mosaic_decode, "CLUSTER_MERGE_SPLITS", ())
   faulthandler.dump_traceback_later(DEADLOCK_TIMEOUT_S, exit=True)
   try:
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=detect_races)):

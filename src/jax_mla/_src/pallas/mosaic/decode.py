@@ -14,7 +14,8 @@ with their figures in benchmarks/README.md; their code is in the history.
 
 With one split the kernel finalizes (sink, empty rows) and writes bf16 out and lse; with more it
 writes softmax-normalized bf16 partials and their f32 lse, merged by `pallas.merge` (its "auto"
-choice).
+choice), or, with CLUSTER_MERGE_SPLITS splits of unpaired CTAs, merges them itself: a
+sequence's splits are one cluster (mosaic.cluster_merge).
 Lengths and indices are device values: one executable serves every set of lengths. A second
 KV source (`extra`) is read by the same CTAs (mosaic.kernel: the producer reads either pool);
 without it, and at the default scale, the kernel lowers to the one-source kernel unchanged.
@@ -50,6 +51,13 @@ SPLIT_RULE = "waves"
 # relative error about 2^-22, far below bf16's): 3% faster on the H200 (2026-12-02, B 128,
 # K 2048: 419 us against 433).
 APPROX_MATH = True
+# Unpaired CTAs with these many splits run each sequence's splits as one cluster that merges
+# them through distributed shared memory (mosaic.cluster_merge) instead of writing partials
+# for pallas.merge. H100, 2026-12-06 (benchmarks/README.md's choice table): 2 splits at B 64
+# 21.9 against 24.4 us (16 x 4, K 512), 22.1 against 24.5 (64 heads), 57.9 against 59.1
+# (32 heads, K 2048); 4 splits (B 32) lost, 33.4 against 17.0 us at 16 x 4: 32 clusters of
+# four 223 KB CTAs do not fit the H100's 132 SMs in one wave.
+CLUSTER_MERGE_SPLITS = (2,)
 
 
 def _plgpu():
@@ -103,12 +111,17 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   options.update(pallas_plan.float_kv_option(kv_rope, extra))
 
   pair = row_blocks % 2 == 0
+  cluster_merge = not pair and splits in CLUSTER_MERGE_SPLITS
   grid = dict(grid=(num_seqs, row_blocks, splits), grid_names=("seq", "rows", "split"))
   if pair:  # "rows" counts pairs of row blocks; "pair" (the cluster) one of the two
     grid.update(grid=(num_seqs, row_blocks // 2, splits), cluster=(2,), cluster_names=("pair",))
-  scratch = mosaic_direct.scratch_types(pair=pair)
+  elif cluster_merge:  # a sequence's splits are one cluster
+    grid.update(grid=(num_seqs, row_blocks), grid_names=("seq", "rows"), cluster=(splits,),
+                cluster_names=("split",))
+  scratch = mosaic_direct.scratch_types(pair=pair, cluster_merge=cluster_merge)
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
-                             heads=num_heads, pair=pair, **options)
+                             heads=num_heads, pair=pair, cluster_merge=cluster_merge, **options)
+  results_splits = 1 if cluster_merge else splits
   results = plgpu.kernel(
       # The split partials are bf16 (each rounded to bf16 before pallas.merge sums them in
       # f32; on random data of 8 splits the output's norm-wise error grows from 1.7e-3, its
@@ -119,7 +132,8 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # With one row block the output has only the real rows (32 heads: 32 of 64); the kernel
       # writes those, so no XLA copy slices the padding off after it (H100, 2026-12-05: 30.5
       # against 37.6 us at 32 heads B 128 K 512).
-      kernel, out_type=pallas_plan.result_types(num_seqs, splits, padded_rows, jnp.bfloat16,
+      kernel, out_type=pallas_plan.result_types(num_seqs, results_splits, padded_rows,
+                                                jnp.bfloat16,
                                                 rows if row_blocks == 1 else padded_rows),
       scratch_types=scratch,
       # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
@@ -132,7 +146,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
     # The sink as given: the kernel reads each row's (mosaic.consumer.row_sinks), and so does
     # the merge (by row inside XLA's fusion, by head in the merge kernel).
     *pallas_plan.pool_inputs(kv, kv_rope), sink.astype(jnp.float32), *extra_inputs)
-  out, lse = pallas_merge.finish(results, splits, sink, rows=rows, num_tokens=num_tokens,
+  out, lse = pallas_merge.finish(results, results_splits, sink, rows=rows, num_tokens=num_tokens,
                                  num_heads=num_heads, merge="auto")
   return out, (lse if return_lse else None)
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mla._src.pallas.mosaic import cluster_merge as mosaic_cluster_merge
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
@@ -64,11 +65,12 @@ def region(name):
   return jax.named_scope(name)
 
 
-def scratch_types(pair=False):
+def scratch_types(pair=False, cluster_merge=False):
   """The kernel's shared memory. Warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and
   the row factors each step, and its final m and l at the end. pair (mosaic.pair): K tiles are
   filled by both CTAs of a cluster, so `ready` (PTX-driven barriers) replaces k_full, and
-  k_free counts both CTAs' consumers."""
+  k_free counts both CTAs' consumers. cluster_merge (mosaic.cluster_merge): its lse and out
+  tiles."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   k_tiles = plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled)
@@ -88,13 +90,15 @@ def scratch_types(pair=False):
   else:
     scratch.update(k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
                    k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES))
+  if cluster_merge:
+    scratch.update(mosaic_cluster_merge.scratch_types())
   return scratch
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
            s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
-           float_kv=(False, False)):
+           float_kv=(False, False), cluster_merge=False, lse_smem=None, out_smem=None):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
   [T * H, 64] bf16; or (float_q) Q's values [T * H, 512] bf16 or f32, without a RoPE ref.
   refs then: the pool, its RoPE, the sink f32 [heads]; with two_sources the second source's
@@ -122,7 +126,10 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   through its half of q_smem and a TMA copy. Safe because warpgroup 1 never reads Q, warpgroup
   0 has read its last QK's operands before its loop ends, and warpgroup 1 writes only after
   ml_full, which warpgroup 0 arrives on after its loop (and after writing Q). bf16 partials
-  halve what the kernel writes and the merge reads (mosaic.decode has the figures)."""
+  halve what the kernel writes and the merge reads (mosaic.decode has the figures).
+  cluster_merge (mosaic.cluster_merge): the grid's cluster axis "split" holds the sequence's
+  splits, which merge their partials through distributed shared memory and write the final
+  out and lse instead."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if float_q:
     q_rope_ref = None
@@ -241,6 +248,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     set_registers(2)
     for source, end in zip(sources, step_ends):
       fill(*source, end)
+    if cluster_merge:  # the consumers' cluster barrier after their partials (every thread's)
+      mosaic_pair.cluster_sync()
 
   wgmma_layout = plgpu.Layout.WGMMA
 
@@ -255,6 +264,12 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   def write_half(acc, m_i, l_i, half):
     # The results (the final output, or bf16 partials) leave through this warpgroup's half of
     # q_smem and a TMA copy.
+    if cluster_merge:
+      mosaic_cluster_merge.write_merged(
+          acc, m_i, l_i, half=half, seq=seq, row0=row0, rank=split, num_splits=num_splits,
+          sink_ref=sink_ref, out_ref=out_ref, lse_ref=lse_ref, heads=heads,
+          stage_smem=q_smem.at[half], lse_smem=lse_smem, out_smem=out_smem.at[half])
+      return
     mosaic_consumer.write_results(acc, m_i, l_i, half=half, seq=seq, row0=row0, split=split,
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref, heads=heads, stage_smem=q_smem.at[half])
@@ -363,5 +378,5 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     set_registers(1)
     pv_from_shared_p()
 
-  if pair:
+  if pair or cluster_merge:
     mosaic_pair.cluster_sync()
