@@ -197,6 +197,7 @@ def test_cluster_merge_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq,
   num_seqs = len(lengths)
   assert f"tensor<{num_seqs}x{splits}x64x512xbf16>" not in module
   assert f"tensor<{num_seqs}x{splits}x64xf32>" not in module
+  # A new partial: jit's cache would hand back fn's trace, made with the cluster merge.
   without = functools.partial(md.mosaic_decode, tokens_per_seq=tokens_per_seq,
                               num_kv_splits_=splits)
   with pytest.MonkeyPatch.context() as patch:  # the same splits through partials: they appear

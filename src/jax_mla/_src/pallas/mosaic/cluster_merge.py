@@ -5,8 +5,8 @@ one-split epilogue stages its output too) and warpgroup 0 the rows' lse, the clu
 and each CTA merges a 1 / S share of the columns from every CTA's partials and writes the
 final output and lse. No partials in global memory and no merge launch after the kernel:
 H100, 2026-12-06, 16 x 4 B 64 K 512, the kernel 21.8 us against the kernel 20.4 plus
-pallas.merge's 3.8 (benchmarks/README.md has the A/B). With 4 splits (B 32) the clusters of
-four CTAs of 223 KB each took two waves (33.4 against 17.0 us).
+pallas.merge's 3.8 (benchmarks/README.md has the A/B; the comment on CLUSTER_MERGE_SPLITS,
+why 4 splits do not take it).
 
 The merge is lse_merge's contract (a part that saw nothing contributes nothing; NaN
 propagates; a +inf sink gives 0 and lse +inf; a row no split saw gives 0 and lse = its sink)
@@ -110,12 +110,9 @@ def write_merged(acc, m_i, l_i, *, half: int, seq, row0, rank, num_splits: int, 
                      f"{CHUNK_COLS}, got {num_splits} splits")
   chunk_cols = min(cols, CHUNK_COLS)
 
-  seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
-  m_safe = jnp.where(seen, m_i, 0.0)
-  lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
-  inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+  seen, _, lse2 = mosaic_consumer.rows_lse2(m_i, l_i)
   # The partial as pallas.merge would read it from global memory: normalized, in bf16.
-  stage_smem[...] = (acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(jnp.bfloat16)
+  stage_smem[...] = mosaic_consumer.normalized(acc, l_i, seen).astype(jnp.bfloat16)
   if half == 0:
     lse_smem[...] = lse2
   mosaic_pair.cluster_sync()  # every split's partial and lse are published

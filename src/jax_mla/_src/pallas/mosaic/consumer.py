@@ -154,6 +154,21 @@ def _emit_row_sinks(sink, row0, heads):
   return _row_array(per_row, rows_layout, rows_layout.registers_shape((BLOCK_ROWS,)))
 
 
+def rows_lse2(m_i, l_i):
+  """(seen, m made finite, lse2) of a warpgroup's rows after its last block: whether a row saw
+  anything, and its lse in log2 units (-inf where it saw nothing)."""
+  seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
+  m_safe = jnp.where(seen, m_i, 0.0)
+  return seen, m_safe, jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+
+
+def normalized(acc, l_i, seen):
+  """O [64, 256] divided by its rows' l: a split's softmax-normalized partial (0 where the row
+  saw nothing), f32."""
+  inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+  return acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
+
+
 def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref, out_ref,
                   lse_ref, heads, stage_smem):
   """Output columns half * 256 .. + 255 of rows row0.. from this warpgroup's O [64, 256] and
@@ -178,9 +193,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     # against 15.1 us at 128 heads B 8 K 512, 12.1 and 12.1 at B 1).
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  seen = l_i != 0  # NaN (a NaN scale in the row's data) counts as seen, so it propagates
-  m_safe = jnp.where(seen, m_i, 0.0)
-  lse2 = jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+  seen, m_safe, lse2 = rows_lse2(m_i, l_i)
   cols = pl.ds(half * HALF, HALF)
   rows = pl.ds(row0, BLOCK_ROWS)
   if num_splits == 1:
@@ -196,9 +209,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     # An empty row's lse is the sink itself, not its round trip through log2 units.
     lse_at, lse = (seq, rows), jnp.where(seen, total2 * LN2, sink)
   else:
-    inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-    store((acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(out_ref.dtype),
-          (seq, split, rows, cols))
+    store(normalized(acc, l_i, seen).astype(out_ref.dtype), (seq, split, rows, cols))
     lse_at, lse = (seq, split, rows), lse2 * LN2
 
   def write_lse():
