@@ -10,7 +10,8 @@ why 4 splits do not take it).
 
 The merge is lse_merge's contract (a part that saw nothing contributes nothing; NaN
 propagates; a +inf sink gives 0 and lse +inf; a row no split saw gives 0 and lse = its sink)
-in the kernel's log2 units, on the same bf16 partials pallas.merge would read.
+and its weights (lse_merge.terms, over a list of the splits' lse) in the kernel's log2 units,
+on the same bf16 partials pallas.merge would read.
 
 Lifetime: a CTA's partial and lse are read by its peers between the cluster barrier after
 they are written and the one every thread passes at the kernel's end (mosaic.pair's
@@ -19,10 +20,13 @@ cluster_sync), so no CTA exits while a peer may still read its shared memory.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mla._src import lse_merge
 from jax_mla._src.jax_compat import mgpu_load
 from jax_mla._src.kernel_math import LN2, LOG2E, logaddexp2
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
@@ -119,22 +123,13 @@ def write_merged(acc, m_i, l_i, *, half: int, seq, row0, rank, num_splits: int, 
 
   split_lse2 = [mgpu_load(plgpu.cluster_ref(lse_smem, {"split": s}), layout=row_layout,
                           optimized=False) for s in range(num_splits)]
-  mx = split_lse2[0]
-  for x in split_lse2[1:]:
-    mx = jnp.maximum(mx, x)
-  any_seen = mx != -jnp.inf
-  mx_safe = jnp.where(any_seen, mx, 0.0)
-  split_seen = [x != -jnp.inf for x in split_lse2]
-  terms = [jnp.where(s, jnp.exp2(x - mx_safe), 0.0) for s, x in zip(split_seen, split_lse2)]
-  total = terms[0]
-  for t in terms[1:]:
-    total = total + t
+  t = lse_merge.terms(split_lse2, functools.reduce, exp=jnp.exp2, log=jnp.log2)
   sink = mosaic_consumer.row_sinks(sink_ref, row0, heads)
   sink2 = sink * LOG2E
   # Rows no split saw (total 0) are 0 whatever the denominator; a +inf sink makes it +inf and
   # the row 0.
-  denom = total + jnp.exp2(sink2 - mx_safe)
-  scale = jnp.where(total != 0, 1.0 / denom, 0.0)
+  denom = t.total + jnp.exp2(sink2 - t.mx)
+  scale = jnp.where(t.total != 0, 1.0 / denom, 0.0)
 
   valid = min(out_ref.shape[1], BLOCK_ROWS)
   for chunk in range(cols // chunk_cols):
@@ -144,8 +139,8 @@ def write_merged(acc, m_i, l_i, *, half: int, seq, row0, rank, num_splits: int, 
     for s in range(num_splits):
       part = peer_columns(stage_smem, s, col0, chunk_cols).astype(jnp.float32)
       # Selected, not multiplied: an unseen split's partial adds nothing, even a NaN.
-      term = jnp.where(lax.broadcast_in_dim(split_seen[s], shape, [0]),
-                       part * lax.broadcast_in_dim(terms[s], shape, [0]), 0.0)
+      term = jnp.where(lax.broadcast_in_dim(t.seen[s], shape, [0]),
+                       part * lax.broadcast_in_dim(t.terms[s], shape, [0]), 0.0)
       out = term if out is None else out + term
     out = out * lax.broadcast_in_dim(scale, shape, [0])
     if chunk:  # the previous chunk's copy has read the tile
@@ -158,10 +153,8 @@ def write_merged(acc, m_i, l_i, *, half: int, seq, row0, rank, num_splits: int, 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   if half == 0:
-    lse_kv2 = jnp.where(any_seen, mx_safe + jnp.log2(jnp.where(any_seen, total, 1.0)),
-                        -jnp.inf)
     # A row no split saw has the sink itself as its lse, not its round trip through log2.
-    lse = jnp.where(any_seen, logaddexp2(lse_kv2, sink2) * LN2, sink)
+    lse = jnp.where(t.any_seen, logaddexp2(t.lse_kv, sink2) * LN2, sink)
 
     @pl.when(rank == 0)
     def _():
