@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 
 from jax_mla._src import lse_merge
 from jax_mla._src.jax_compat import mgpu_load
-from jax_mla._src.kernel_math import LN2, LOG2E, logaddexp2
+from jax_mla._src.kernel_math import LOG2E
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 from jax_mla._src.pallas.mosaic.gather import SWIZZLE_BYTES, TILE_COLS, k_tile_transforms
@@ -153,8 +153,7 @@ def write_merged(acc, m_i, l_i, *, half: int, seq, row0, rank, num_splits: int, 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   if half == 0:
-    # A row no split saw has the sink itself as its lse, not its round trip through log2.
-    lse = jnp.where(t.any_seen, logaddexp2(t.lse_kv, sink2) * LN2, sink)
+    _, lse = mosaic_consumer.lse_with_sink(t.any_seen, t.lse_kv, sink)
 
     @pl.when(rank == 0)
     def _():

@@ -162,6 +162,14 @@ def rows_lse2(m_i, l_i):
   return seen, m_safe, jnp.where(seen, m_safe + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
 
 
+def lse_with_sink(seen, lse2, sink):
+  """(total2, lse) of rows whose lse without the sink is lse2 (log2 units, -inf where the row
+  saw nothing; `seen` says which did): with the sink, in log2 units and in natural log. A row
+  that saw nothing has the sink itself as its lse, not its round trip through log2 units."""
+  total2 = logaddexp2(lse2, sink * LOG2E)
+  return total2, jnp.where(seen, total2 * LN2, sink)
+
+
 def normalized(acc, l_i, seen):
   """O [64, 256] divided by its rows' l: a split's softmax-normalized partial (0 where the row
   saw nothing), f32."""
@@ -197,8 +205,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
   cols = pl.ds(half * HALF, HALF)
   rows = pl.ds(row0, BLOCK_ROWS)
   if num_splits == 1:
-    sink = row_sinks(sink_ref, row0, heads)
-    total2 = logaddexp2(lse2, sink * LOG2E)
+    total2, lse = lse_with_sink(seen, lse2, row_sinks(sink_ref, row0, heads))
     # out = acc * 2^(m - total): a +inf sink gives 0; empty rows are selected to 0.
     weight = jnp.where(seen, jnp.exp2(m_safe - total2), 0.0)
     # An output of fewer rows than a block (one block, e.g. 32 heads) takes only those: no
@@ -206,8 +213,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
     valid = min(out_ref.shape[1], BLOCK_ROWS)
     store((acc * lax.broadcast_in_dim(weight, acc.shape, [0])).astype(out_ref.dtype),
           (seq, pl.ds(row0, valid), cols), valid)
-    # An empty row's lse is the sink itself, not its round trip through log2 units.
-    lse_at, lse = (seq, rows), jnp.where(seen, total2 * LN2, sink)
+    lse_at = (seq, rows)
   else:
     store(normalized(acc, l_i, seen).astype(out_ref.dtype), (seq, split, rows, cols))
     lse_at, lse = (seq, split, rows), lse2 * LN2
