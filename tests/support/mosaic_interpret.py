@@ -249,6 +249,8 @@ STAND_INS = [
     (mosaic_consumer, "_row_sum", row_sum),
     (mosaic_consumer, "row_sinks", row_sinks),
     (mosaic_consumer, "accumulate_pv", accumulate_pv),
+    # A PTX comment for LLVM's block layout; nothing to interpret.
+    (mosaic_kernel, "end_of_role", lambda role: None),
 ]
 
 

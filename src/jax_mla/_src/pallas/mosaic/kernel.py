@@ -64,6 +64,12 @@ REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152},
 # between them (mosaic.gather's "half" and "quarter" shares), so that each SM scheduler has
 # two producer warps whose conversions and load waits interleave.
 PRODUCERS = {True: 1, False: 1}
+# A distinct empty asm statement at the end of each consumer's branch (end_of_role): without
+# it LLVM merges the two consumers' epilogues (the same code but for which half) into one
+# block after their branches, which ptxas compiles at the launch's register count, not at the
+# roles' setmaxnreg counts: 168 with three warpgroups, but 128 with four, too few for the
+# output store (ptxas C7602, H100, 2026-12-07). Always with four warpgroups; True: also three.
+MARK_ROLE_ENDS = False
 
 
 def num_warpgroups(pair):
@@ -84,6 +90,22 @@ def register_split(pair):
   """setmaxnreg's counts by role (REGISTERS' entry for this kernel's form)."""
   num_warpgroups(pair)  # checks PRODUCERS
   return REGISTERS[producer_share(pair)]
+
+
+def end_of_role(role):
+  """An empty inline-asm statement, distinct per role and with side effects, so that the code
+  before it stays in its role's branch (MARK_ROLE_ENDS)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir.dialects import llvm  # pylint: disable=import-outside-toplevel
+
+  @plgpu.inline_mgpu()
+  def mark(ctx):
+    del ctx
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], f"// end of role {role}", "",
+                    has_side_effects=True)
+
+  mark()
 
 
 def region(name):
@@ -178,6 +200,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   # Which part of each block's rows this producer gathers (mosaic.gather.PARTS); None: all.
   producers = num_warpgroups(pair) - 2
   share = producer_share(pair)
+  mark_role_ends = MARK_ROLE_ENDS or num_warpgroups(pair) == 4
   gather_rank = ((rank * producers if pair else 0) + wg - 2) if share else None
   out_ref, lse_ref = refs[-2:]
   if two_sources:
@@ -412,11 +435,15 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
                                          jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
       plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
     softmax_for_both()
+    if mark_role_ends:
+      end_of_role(0)
 
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
     pv_from_shared_p()
+    if mark_role_ends:
+      end_of_role(1)
 
   if pair or cluster_merge:
     mosaic_pair.cluster_sync()
