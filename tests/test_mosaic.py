@@ -237,15 +237,11 @@ def test_direct_register_split_fits_the_launch():
   with 200 + 160 + 152): the split sums to no more than the launch's registers."""
   from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer  # pylint: disable=import-outside-toplevel
   from jax_mla._src.pallas.mosaic import kernel as mosaic_direct  # pylint: disable=import-outside-toplevel
-  from jax_mla._src.pallas.mosaic import gather as mosaic_gather  # pylint: disable=import-outside-toplevel
-  assert set(mosaic_direct.REGISTERS) == set(mosaic_gather.PARTS)  # by the producers' share
-  for form, split in mosaic_direct.REGISTERS.items():
-    warpgroups = 4 if form in ("half", "quarter") else 3
+  assert sorted(mosaic_direct.REGISTERS) == [False, True]  # unpaired, paired
+  for split in mosaic_direct.REGISTERS.values():
     assert sorted(split) == [0, 1, 2]
-    assert (split[0] + split[1] + (warpgroups - 2) * split[2]
-            <= warpgroups * mosaic_consumer.launch_registers(warpgroups))
+    assert sum(split.values()) <= mosaic_consumer.LAUNCH_REGISTERS
     assert all(r % 8 == 0 and 24 <= r <= 256 for r in split.values())
-  assert mosaic_consumer.launch_registers(3) == 168 and mosaic_consumer.launch_registers(4) == 128
 
 
 # --- Float Q (bf16 or f32 rows, q_rope None): mosaic.gather.copy_consecutive ---------------------

@@ -67,17 +67,15 @@ def test_k_tile_offsets_cover_the_tile_once_in_16_byte_chunks():
   assert len(banks) == 8
 
 
-def all_stores(rank=None, share=None):
+def all_stores(rank=None):
   """Every 16-byte store of gather_dequantize's work split: (warp, lane, its step, its address,
   the (row, dim) it writes first), in issue order per lane (rows, lines, then the RoPE
-  piece). rank: one CTA's share of a paired block (its stores go to both CTAs), or with share
-  (mosaic.gather.PARTS' key) the index of one producer's part."""
-  share = mg.share_of(rank, share)
+  piece). rank: one CTA's share of a paired block (its stores go to both CTAs)."""
   stores = []
   for warp, lane in itertools.product(range(4), range(32)):
     row_in_group, piece, rope_piece = mg.lane_work(lane)
-    for group in range(mg.groups_per_warp(share)):
-      row = mg.block_row(warp, group, row_in_group, rank, mg.PARTS[share])
+    for group in range(mg.groups_per_warp(rank is not None)):
+      row = mg.block_row(warp, group, row_in_group, rank)
       for line in range(mg.FP8_LINES):
         if line * mg.LINE + piece * 16 >= layout.NOPE_DIM:
           continue  # the last line's pieces past the fp8 data (scales, padding)
@@ -91,16 +89,9 @@ def all_stores(rank=None, share=None):
   return stores
 
 
-SHARE_PARTS = {share: [None] if share is False else list(range(parts))
-               for share, parts in mg.PARTS.items()}
-
-
-@pytest.mark.parametrize("share", list(mg.PARTS), ids=["alone", "paired", "half", "quarter"])
-def test_work_split_writes_every_chunk_once_and_the_right_dims(share):
-  """Each share's parts together store every chunk of the tile once (a pair's CTAs: their
-  halves; two producers of a CTA: theirs; two of each of a pair's CTAs: their quarters)."""
-  ranks = SHARE_PARTS[share]
-  stores = [s for rank in ranks for s in all_stores(rank, share)]
+@pytest.mark.parametrize("ranks", [(None,), (0, 1)], ids=["alone", "paired"])
+def test_work_split_writes_every_chunk_once_and_the_right_dims(ranks):
+  stores = [s for rank in ranks for s in all_stores(rank)]
   assert sorted(s[3] for s in stores) == list(range(0, 2 * 64 * mg.HALF * 2, 16))
   # A piece's fp8 bytes are its dims: piece p of line j is dims 128 j + 16 p .. + 15.
   for warp, lane, (group, line, second), _, (row, dim) in stores:
@@ -109,22 +100,19 @@ def test_work_split_writes_every_chunk_once_and_the_right_dims(share):
             else line * mg.LINE + piece * 16 + second)
     assert dim == want and row % (64 // len(ranks)) // (16 // len(ranks)) == warp
   # In a pair, each CTA sends its peer exactly the bytes the peer's barrier expects.
-  if share is True:
-    for rank in ranks:
+  for rank in ranks:
+    if rank is not None:
       assert 16 * len(all_stores(rank)) == mg.PEER_BYTES
 
 
-@pytest.mark.parametrize("share,part", [(True, 0), (True, 1)] + [("quarter", p) for p in range(4)])
-def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(share, part):
-  """mosaic.pair.copy_to_peer copies sent_range(part, half, parts) of both halves: every byte
-  the producer stored, nothing the peer stores itself; PEER_BYTES per CTA in all, so each of
-  a CTA's producers sends what its arrival on the peer's barrier expects (arrive_filled)."""
-  parts = mg.PARTS[share]
-  stored = sorted(s[3] for s in all_stores(part, share))
-  sent = [a for half in range(2) for first, size in [mosaic_pair.sent_range(part, half, parts)]
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(rank):
+  """mosaic.pair.copy_to_peer copies sent_range(rank, half) of both halves: every byte the
+  CTA's producer stored, nothing the peer stores itself, PEER_BYTES in all."""
+  stored = sorted(s[3] for s in all_stores(rank))
+  sent = [a for half in range(2) for first, size in [mosaic_pair.sent_range(rank, half)]
           for a in range(first, first + size, 16)]
-  producers = parts // 2
-  assert stored == sent and 16 * len(sent) == mg.PEER_BYTES // producers
+  assert stored == sent and 16 * len(sent) == mg.PEER_BYTES
 
 
 @pytest.mark.parametrize("rank", [None, 0, 1])

@@ -36,7 +36,6 @@ from jax_mla._src.pallas import merge as pallas_merge
 from jax_mla._src.pallas.mosaic import consumer as mosaic_consumer
 from jax_mla._src.pallas.mosaic import decode as mosaic_decode
 from jax_mla._src.pallas.mosaic import gather as mosaic_gather
-from jax_mla._src.pallas.mosaic import kernel as mosaic_kernel
 from jax_mla._src.pallas.mosaic import pair as mosaic_pair
 
 BLOCK = mosaic_gather.BLOCK_ROWS
@@ -60,24 +59,22 @@ def available() -> tuple[bool, str]:
   return True, ""
 
 
-def _carried_rows(rank=None, share=None):
-  """The block rows (0..63) whose loads the producer carries into the next step: the first
-  CARRIED_GROUPS[share] row groups of each warp (of its part of the rows: mosaic.gather.PARTS,
-  rank the part's index)."""
-  share = mosaic_gather.share_of(rank, share)
-  return [mosaic_gather.block_row(warp, group, row, rank, mosaic_gather.PARTS[share])
-          for warp in range(4) for group in range(mosaic_gather.CARRIED_GROUPS[share])
+def _carried_rows(rank=None):
+  """The block rows (0..63) whose loads the producer carries into the next step: unpaired, the
+  first CARRIED_GROUPS row groups of each warp; paired, every row of its CTA's half."""
+  paired = rank is not None
+  return [mosaic_gather.block_row(warp, group, row, rank)
+          for warp in range(4) for group in range(mosaic_gather.CARRIED_GROUPS[paired])
           for row in range(mosaic_gather.ROWS_PER_LOAD)]
 
 
-def slot_of(r, rank=None, share=None):
-  """Block row r's place in _carried_rows(rank, share), or -1 (arithmetic: a kernel captures no
+def slot_of(r, rank=None):
+  """Block row r's place in _carried_rows(rank), or -1 (arithmetic: a kernel captures no
   array constant)."""
-  share = mosaic_gather.share_of(rank, share)
-  part_rows = BLOCK // mosaic_gather.PARTS[share]
-  per_warp = part_rows // 4
-  carried = mosaic_gather.CARRIED_GROUPS[share] * mosaic_gather.ROWS_PER_LOAD
-  x = r - (rank * part_rows if rank is not None else 0)
+  paired = rank is not None
+  per_warp = BLOCK // (8 if paired else 4)
+  carried = mosaic_gather.CARRIED_GROUPS[paired] * mosaic_gather.ROWS_PER_LOAD
+  x = r - (rank * (BLOCK // 2) if paired else 0)
   inside = (x >= 0) & (x < 4 * per_warp) & (x % per_warp < carried)
   return jnp.where(inside, x // per_warp * carried + x % per_warp, -1)
 
@@ -95,7 +92,7 @@ def _store(tile, r, values):
   tile[1, pl.ds(r, 1), :] = values[:, mosaic_gather.HALF:]
 
 
-def _fill(kv_ref, rope_ref, row_of, num_valid, tile, first=0, count=BLOCK):
+def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
   """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it, and row_of is not
   called there (the kernel reads no index past a block's valid rows). A negative row (a
   carried load that says "no row" where the block has one: loads handed to the wrong block)
@@ -109,7 +106,7 @@ def _fill(kv_ref, rope_ref, row_of, num_valid, tile, first=0, count=BLOCK):
     values = lax.cond(r < num_valid, lambda: valid_row(r),
                       lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
     _store(tile, r, values)
-  lax.fori_loop(first, first + count, body, None)
+  lax.fori_loop(0, BLOCK, body, None)
 
 
 def _listed(idx_ref, num_rows, clamp):
@@ -132,37 +129,31 @@ def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
   _fill(kv_ref, None, _listed(idx_ref, kv_ref.shape[0], clamp), num_valid, k_smem)
 
 
-def _issue(idx_ref, num_rows, num_valid, clamp, rank, share=None):
+def _issue(idx_ref, num_rows, num_valid, clamp, rank):
   """The carried loads of a block: its carried rows' pool rows, -1 where invalid."""
   row_of = _listed(idx_ref, num_rows, clamp)
   rows = [lax.cond(r < num_valid, lambda r=r: row_of(r), lambda: jnp.int32(-1))
-          for r in _carried_rows(rank, share)]
-  carried = jnp.zeros(mosaic_gather.carried_type(mosaic_gather.share_of(rank, share)).shape,
-                      jnp.int32)
+          for r in _carried_rows(rank)]
+  carried = jnp.zeros(mosaic_gather.carried_type(rank is not None).shape, jnp.int32)
   return carried.at[:len(rows)].set(jnp.stack(rows))
 
 
-def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None, share=None):
+def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
   del rope_ref
-  return _issue(idx_ref, kv_ref.shape[0], num_valid, clamp, rank, share)
+  return _issue(idx_ref, kv_ref.shape[0], num_valid, clamp, rank)
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, rank=None, share=None):
-  """Paired (rank given): the whole block into this CTA's tile, its own part from the carried
-  loads (see pair_stand_ins). With two producers a CTA ("half", "quarter") each stores half of
-  the block (the half of its part's index's parity), so the interpreter sees any overlap of
-  the two as a race."""
+                carried, *, clamp=False, rank=None):
+  """Paired (rank given): the whole block into this CTA's tile, its own half from the carried
+  loads (see pair_stand_ins)."""
   listed = _listed(idx_ref, kv_ref.shape[0], clamp)
 
   def row_of(r):
-    slot = slot_of(r, rank, share)
+    slot = slot_of(r, rank)
     return lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
-  if share in ("half", "quarter"):
-    _fill(kv_ref, rope_ref, row_of, num_valid, k_smem, rank % 2 * (BLOCK // 2), BLOCK // 2)
-  else:
-    _fill(kv_ref, rope_ref, row_of, num_valid, k_smem)
-  return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank, share)
+  _fill(kv_ref, rope_ref, row_of, num_valid, k_smem)
+  return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
 
 def running_max(s, m_i):
@@ -201,10 +192,9 @@ def pair_stand_ins(plgpu):
   and the roles' order of waits and arrivals on those barriers. Not covered: the bytes that
   cross to the peer, and each CTA waiting for the other's consumers before refilling."""
   def ready_barriers(num_tiles):
-    return plgpu.Barrier(num_arrivals=mosaic_kernel.PRODUCERS[True], num_barriers=num_tiles)
+    return plgpu.Barrier(num_arrivals=1, num_barriers=num_tiles)
 
-  def arrive_filled(ready_ref, tile, producers=1):
-    del producers  # ready_barriers' arrivals: each CTA's producers (see its docstring)
+  def arrive_filled(ready_ref, tile):
     plgpu.commit_smem()
     plgpu.barrier_arrive(ready_ref.at[tile])
 
@@ -218,9 +208,9 @@ def pair_stand_ins(plgpu):
 
   return [
       (mosaic_pair, "ready_barriers", ready_barriers),
-      (mosaic_pair, "init_ready_barriers", lambda ready_ref, producers=1: None),
+      (mosaic_pair, "init_ready_barriers", lambda ready_ref: None),
       (mosaic_pair, "arrive_filled", arrive_filled),
-      (mosaic_pair, "copy_to_peer", lambda k_tile_ref, ready_ref, tile, rank, *part: None),
+      (mosaic_pair, "copy_to_peer", lambda k_tile_ref, ready_ref, tile, rank: None),
       (mosaic_pair, "wait_filled", wait_filled),
       (mosaic_pair, "cluster_sync", lambda: None),
       (plgpu, "ClusterBarrier", cluster_barrier),
@@ -249,8 +239,6 @@ STAND_INS = [
     (mosaic_consumer, "_row_sum", row_sum),
     (mosaic_consumer, "row_sinks", row_sinks),
     (mosaic_consumer, "accumulate_pv", accumulate_pv),
-    # A PTX comment for LLVM's block layout; nothing to interpret.
-    (mosaic_kernel, "end_of_role", lambda role: None),
 ]
 
 

@@ -24,19 +24,15 @@ from jax_mla._src.kernel_math import LN2, LOG2E, SCORE_SCALE_LOG2, logaddexp2
 BLOCK_ROWS = 64  # query rows per CTA: one wgmma M tile
 BLOCK_KV = 64  # KV entries per step
 HALF = layout.HEAD_DIM // 2  # output columns per consumer warpgroup
+# Registers per thread slot of the kernels' launch (3 warpgroups, 65536 / 384 rounded down to
+# 8: 168 each). `setmaxnreg` increases draw only on what the CTA's other warps released, so
+# the three roles' counts must sum to no more than this, or the increase waits forever.
+LAUNCH_REGISTERS = 3 * 168
 
 
 def _plgpu():
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   return plgpu
-
-
-def launch_registers(warpgroups):
-  """Registers per thread of a launch of `warpgroups` warpgroups (65536 / threads rounded down
-  to 8: 168 for three, 128 for four). `setmaxnreg` increases draw only on what the CTA's other
-  warps released, so the roles' counts must sum to no more than warpgroups times this, or the
-  increase waits forever."""
-  return 65536 // (128 * warpgroups) // 8 * 8
 
 
 def initial_state():

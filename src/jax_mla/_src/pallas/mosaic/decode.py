@@ -141,7 +141,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # them over (H200, 2026-12-04: 190.4 against 192.3 us at 128 heads B 128 K 2048).
       compiler_params=plgpu.CompilerParams(approx_math=APPROX_MATH,
                                            unsafe_no_auto_barriers=True),
-      num_threads=mosaic_direct.num_warpgroups(pair), thread_name="wg", **grid,
+      num_threads=3, thread_name="wg", **grid,
   )(kv_indptr.astype(jnp.int32), _block_of_indices_at_least(kv_indices), *q_inputs,
     # The sink as given: the kernel reads each row's (mosaic.consumer.row_sinks), and so does
     # the merge (by row inside XLA's fusion, by head in the merge kernel).

@@ -54,31 +54,24 @@ FP8_LINES = -(-layout.NOPE_DIM // LINE)  # 3.5 lines of fp8 per row: the last on
 # Words a lane loads per row group: its row's 16 scale bytes, its piece of each fp8 line, its
 # piece of the RoPE line.
 WORDS_PER_GROUP = 4 + 4 * FP8_LINES + 4
-# The producer's ways of sharing a block's rows (the keys of the tables below), and into how
-# many parts each cuts the block's 64 rows: False, one warpgroup gathering them all; True, a
-# pair's CTA its half (mosaic.pair: sent on to the peer); "half", one of an unpaired CTA's two
-# producer warpgroups its half; "quarter", one of a pair's CTA's two its quarter (mosaic.kernel's
-# PRODUCERS). A producer's part index (block_row's rank) picks which rows.
-PARTS = {False: 1, True: 2, "half": 2, "quarter": 4}
 # Row groups whose loads the pipelined producer (gather_step) carries from one block to the
-# next, by share (a half's warps have two groups a block, as a pair's; an unpaired warp four):
-# 24 words per group held across the loop, one group more live while a group is converted.
-CARRIED_GROUPS = {True: 2, False: 2, "half": 1, "quarter": 1}
+# next, paired (two groups per warp and block) and unpaired (four): 24 words per group held
+# across the loop, one group more live while a group is converted.
+CARRIED_GROUPS = {True: 2, False: 2}
 # Whether gather_step issues each group's loads right after converting the group `carried`
-# before it rather than before converting it, by share. After: the new words may take
+# before it rather than before converting it, paired / unpaired. After: the new words may take
 # the converted group's registers, so ptxas no longer copies the next block's words into the
 # loop's carried registers at the step's end, waiting there for their loads (H100, 2026-12-06,
 # paired: 154.1 against 158.5 us at 128 heads, B 128, K 2048). Unpaired (four groups, two
 # carried) it leaves a group's loads one conversion to land instead of two: 107.0 against 102.3
 # at 64 heads, B 128, K 2048.
-ISSUE_AFTER_CONVERT = {True: True, False: False, "half": True, "quarter": True}
-# PTX qualifiers of the K gather's global loads (between ld.global.nc and .v4), by share. No L1
-# line is allocated for the paired rows (L1 hit rate 6%): 51.7 against 54.9 us
+ISSUE_AFTER_CONVERT = {True: True, False: False}
+# PTX qualifiers of the K gather's global loads (between ld.global.nc and .v4), paired /
+# unpaired. No L1 line is allocated for the paired rows (L1 hit rate 6%): 51.7 against 54.9 us
 # at 128 heads, B 128, K 512 on an H100 (2026-12-06, bit-identical; 153.2 against 153.9 at
 # K 2048). Unpaired it lost (107.6 against 102.3 at 64 heads, B 128, K 2048), and so did Q's
 # loads (26.5 against 26.1 at 128 heads, B 64, K 512); neither investigated.
-K_LOAD_QUALIFIERS = {True: ".L1::no_allocate", False: "", "half": "",
-                     "quarter": ".L1::no_allocate"}
+K_LOAD_QUALIFIERS = {True: ".L1::no_allocate", False: ""}
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -118,30 +111,17 @@ def lane_work(lane):
   return lane % 8 // 2, quarter * 2 + odd, quarter // 2 * 4 + quarter % 2 + odd * 2
 
 
-def block_row(warp, group, row_in_group, rank=None, parts=2):
+def block_row(warp, group, row_in_group, rank=None):
   """The block row (0..63) that a warp's lanes with `row_in_group` (lane_work) fill in its row
-  group `group` (0 .. groups_per_warp(share) - 1). With rank (a part index: 0 or 1 for a pair's
-  CTA, 0..parts - 1 in general; PARTS), the warps share that part of the block. Python ints
-  (tests) or IR values (_Int) alike."""
+  group `group` (0 .. groups_per_warp(paired) - 1). With rank (0 or 1, a pair's CTA), the warps
+  share that CTA's half of the block. Python ints (tests) or IR values (_Int) alike."""
   if rank is None:
     return warp * (BLOCK_ROWS // 4) + group * ROWS_PER_LOAD + row_in_group
-  rows = BLOCK_ROWS // parts
-  return rank * rows + warp * (rows // 4) + group * ROWS_PER_LOAD + row_in_group
+  return rank * (BLOCK_ROWS // 2) + warp * (BLOCK_ROWS // 8) + group * ROWS_PER_LOAD + row_in_group
 
 
-def groups_per_warp(share):
-  """Row groups a warp fills per block, by share (PARTS' key; a bool: paired or not)."""
-  return BLOCK_ROWS // PARTS[share] // 4 // ROWS_PER_LOAD
-
-
-def share_of(rank=None, share=None):
-  """A producer's PARTS key: `share` as given, else a pair's CTA when it has a rank."""
-  if share is None:
-    return rank is not None
-  if share not in PARTS or (rank is None) != (share is False):
-    raise ValueError(f"share must be one of {tuple(PARTS)}, with a rank unless False; got "
-                     f"{share!r}, rank {rank!r}")
-  return share
+def groups_per_warp(paired):
+  return BLOCK_ROWS // (8 if paired else 4) // ROWS_PER_LOAD
 
 
 def fp8_store_columns(piece, line):
@@ -183,12 +163,12 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
   fill(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *(pair or ()))
 
 
-def carried_type(share):
+def carried_type(paired):
   """The loaded words the pipelined producer carries between blocks (gather_issue's and
-  gather_step's result): CARRIED_GROUPS[share] row groups' words per lane, an int32 array
+  gather_step's result): CARRIED_GROUPS[paired] row groups' words per lane, an int32 array
   laid out one lane's words after another (its values mean nothing outside gather_step)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  shape = (128 * CARRIED_GROUPS[share] * WORDS_PER_GROUP,)
+  shape = (128 * CARRIED_GROUPS[paired] * WORDS_PER_GROUP,)
   return plgpu.ShapeDtypeStruct(shape, jnp.int32,
                                 layout=plgpu.Layout.WG_STRIDED(shape, vec_size=4))
 
@@ -207,79 +187,77 @@ def step_schedule(groups, carried, issue_after=False):
   return actions
 
 
-def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None, share=None):
-  """Issues the loads of a block's first CARRIED_GROUPS[share] row groups (gather_dequantize's
+def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
+  """Issues the loads of a block's first CARRIED_GROUPS[paired] row groups (gather_dequantize's
   arguments) and returns them for gather_step: the pipelined producer's prologue. rank: this
-  CTA's rank in its pair (its half of the rows), or None unpaired; with share (PARTS' key), the
-  index of this producer's part of the rows."""
+  CTA's rank in its pair (its half of the rows), or None unpaired."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   arg_types = (read_only_ref_type(),) * 3 + (scalar,)
   if rank is not None:
     arg_types += (scalar,)
 
-  share = share_of(rank, share)
+  paired = rank is not None
 
-  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(share))
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def issue(ctx, kv, rope, idx, valid_count, *rank_arg):
     del ctx
     emit = _FillEmitter(kv, rope, None, "bf16",
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
-                        loads=K_LOAD_QUALIFIERS[share], share=share)
+                        loads=K_LOAD_QUALIFIERS[paired])
     count = valid_count.registers.flat[0]
-    return _pack_carried([w for g in range(CARRIED_GROUPS[share])
-                          for w in emit.issue(g, count, idx=idx, clamp=clamp)], share)
+    return _pack_carried([w for g in range(CARRIED_GROUPS[paired])
+                          for w in emit.issue(g, count, idx=idx, clamp=clamp)], paired)
 
   return issue(kv_ref, rope_ref, idx_ref, num_valid, *(() if rank is None else (rank,)))
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, rank=None, share=None):
+                carried, *, clamp=False, rank=None):
   """gather_dequantize of one block with its loads issued ahead: `carried` holds the loads of
-  this block's first CARRIED_GROUPS[share] row groups (gather_issue's, or the previous step's
+  this block's first CARRIED_GROUPS[paired] row groups (gather_issue's, or the previous step's
   result); this converts every group of the block into k_smem, issuing each later group's
   loads (this block's rest, then the next block's first groups: next_idx_ref,
   next_num_valid) one group before it is needed, and returns the next block's carried loads.
   So a lane's loads are in flight while it converts, instead of each block waiting for its
   own. With no next block pass next_num_valid 0 and any readable next_idx_ref (its first
-  entry is read): its loads then read pool row 0. rank, share: gather_issue's; a producer
-  stores its part of the rows into its own tile only (a pair's, mosaic.pair.copy_to_peer sends
-  them on)."""
+  entry is read): its loads then read pool row 0. rank: gather_issue's; a pair's CTA stores its
+  half of the rows into its own tile only, and mosaic.pair.copy_to_peer sends them on."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
-  share = share_of(rank, share)
+  paired = rank is not None
   arg_types = (read_only_ref_type(),) * 3 + (scalar, read_only_ref_type(), scalar,
                                              plgpu.RefType(k_tile_transforms()),
-                                             carried_type(share).layout)
-  if rank is not None:
+                                             carried_type(paired).layout)
+  if paired:
     arg_types += (scalar,)
-  carried_groups = CARRIED_GROUPS[share]
+  carried_groups = CARRIED_GROUPS[paired]
 
-  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(share))
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
            *rank_arg):
     del ctx
     emit = _FillEmitter(kv, rope, k, "bf16",
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
-                        loads=K_LOAD_QUALIFIERS[share], share=share)
+                        loads=K_LOAD_QUALIFIERS[paired])
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
-    for action, arg in step_schedule(emit.groups, carried_groups, ISSUE_AFTER_CONVERT[share]):
+    for action, arg in step_schedule(emit.groups, carried_groups, ISSUE_AFTER_CONVERT[paired]):
       if action == "convert":
         emit.convert(arg, count, queue.pop(0))
       else:
         next_block, group = arg
         queue.append(emit.issue(group, next_count if next_block else count,
                                 idx=next_idx if next_block else idx, clamp=clamp))
-    return _pack_carried([w for group in queue for w in group], share)
+    return _pack_carried([w for group in queue for w in group], paired)
 
   return step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
               carried, *(() if rank is None else (rank,)))
 
 
-def _pack_carried(words, share):
-  """A lane's i32 words -> carried_type(share)'s FragmentedArray (vectors of four)."""
+def _pack_carried(words, paired):
+  """A lane's i32 words -> carried_type(paired)'s FragmentedArray (vectors of four)."""
   # pylint: disable=import-outside-toplevel
   import numpy as np
   from jax.experimental.mosaic import gpu as mgpu
@@ -294,7 +272,7 @@ def _pack_carried(words, share):
     for i, w in enumerate(words[first:first + 4]):
       reg = llvm.insertelement(reg, w, mgpu_utils.c(i, i32))
     registers.append(reg)
-  shape = carried_type(share).shape
+  shape = carried_type(paired).shape
   return mgpu.FragmentedArray(_registers=np.array(registers, dtype=object),
                               _layout=mgpu.WGStridedFragLayout(shape, vec_size=4),
                               _is_signed=True)
@@ -486,12 +464,11 @@ class _FillEmitter:
   stores them into the tile. The one-shot fill (_emit_fill) and the pipelined producer step
   (gather_step: the next block's loads in flight while this one is converted) share them."""
 
-  def __init__(self, kv, rope, k, math, peer=None, loads="", share=None):
+  def __init__(self, kv, rope, k, math, peer=None, loads=""):
     """peer: (this CTA's rank in its pair, the shared::cta address of the peer-written tile's
     barrier): half the rows, each stored here and in the peer (gather_dequantize's pair); the
     barrier None to store them here only (gather_step's). k: the tile (None to issue loads
-    only). loads: the global loads' PTX qualifiers (K_LOAD_QUALIFIERS'). share: PARTS' key
-    (default: paired with a peer), peer's rank then the part's index."""
+    only). loads: the global loads' PTX qualifiers (K_LOAD_QUALIFIERS')."""
     # pylint: disable=import-outside-toplevel
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
@@ -520,8 +497,7 @@ class _FillEmitter:
     self.second_tile = arith.divui(self.piece, self.c32(4))
     self.in_fp8 = arith.cmpi(arith.CmpIPredicate.ult, self.piece,
                              self.c32(layout.NOPE_DIM % LINE // CHUNK))
-    self.share = peer is not None if share is None else share
-    self.groups = groups_per_warp(self.share)
+    self.groups = groups_per_warp(peer is not None)
     self.loads = loads
 
   def c32(self, v):
@@ -533,8 +509,7 @@ class _FillEmitter:
   def row(self, group):
     """The block row this lane fills in row group `group`."""
     return block_row(_Int(self.warp), group, _Int(self.row_in_group),
-                     None if self.rank is None else _Int(self.rank),
-                     PARTS[self.share]).value
+                     None if self.rank is None else _Int(self.rank)).value
 
   def issue(self, group, valid_count, *, idx=None, first_row=None, clamp=False):
     """The loads of row group `group` of rows idx[r] (or first_row + r) for r < valid_count:

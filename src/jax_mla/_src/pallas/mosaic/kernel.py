@@ -49,63 +49,13 @@ from jax_mla._src.kernel_math import SCORE_SCALE_LOG2, split_chunks, split_two_s
 from jax_mla._src.pallas.mosaic.consumer import BLOCK_KV, BLOCK_ROWS, HALF
 
 NUM_K_TILES = 2
-# setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing over the warpgroups
-# to at most their number times mosaic_consumer.launch_registers, paired and unpaired. Warpgroup 1 holds only its half of O;
+# setmaxnreg per role (warpgroups 0, 1, producer; multiples of 8), summing to at most
+# mosaic_consumer.LAUNCH_REGISTERS, paired and unpaired. Warpgroup 1 holds only its half of O;
 # the producer holds the loaded words of the row groups it carries (mosaic.gather). Unpaired
 # (64 heads, 16 x 4) the producer is the bound and gets more: H200, 2026-12-04, 104.1 against
 # 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
 # lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
-# Keyed by the producer's share of a block (mosaic.gather.PARTS): "half" and "quarter" are the
-# unpaired and paired CTAs with two producer warpgroups (PRODUCERS), each taking role 2's count
-# of a four-warpgroup launch's 4 x 128.
-REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152},
-             "half": {0: 192, 1: 160, 2: 80}, "quarter": {0: 216, 1: 160, 2: 64}}
-# Producer warpgroups a CTA runs, paired / unpaired. Two split the CTA's rows of each block
-# between them (mosaic.gather's "half" and "quarter" shares), so that each SM scheduler has
-# two producer warps whose conversions and load waits interleave.
-PRODUCERS = {True: 1, False: 1}
-# A distinct empty asm statement at the end of each consumer's branch (end_of_role): without
-# it LLVM merges the two consumers' epilogues (the same code but for which half) into one
-# block after their branches, which ptxas compiles at the launch's register count, not at the
-# roles' setmaxnreg counts: 168 with three warpgroups, but 128 with four, too few for the
-# output store (ptxas C7602, H100, 2026-12-07). Always with four warpgroups; True: also three.
-MARK_ROLE_ENDS = False
-
-
-def num_warpgroups(pair):
-  """The CTA's warpgroups: the two consumers and PRODUCERS[pair] producers."""
-  if PRODUCERS[pair] not in (1, 2):
-    raise ValueError(f"PRODUCERS must be 1 or 2, got {PRODUCERS}")
-  return 2 + PRODUCERS[pair]
-
-
-def producer_share(pair):
-  """The producers' share of a block (mosaic.gather.PARTS' key)."""
-  if PRODUCERS[pair] == 1:
-    return pair
-  return "quarter" if pair else "half"
-
-
-def register_split(pair):
-  """setmaxnreg's counts by role (REGISTERS' entry for this kernel's form)."""
-  num_warpgroups(pair)  # checks PRODUCERS
-  return REGISTERS[producer_share(pair)]
-
-
-def end_of_role(role):
-  """An empty inline-asm statement, distinct per role and with side effects, so that the code
-  before it stays in its role's branch (MARK_ROLE_ENDS)."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-  from jaxlib.mlir.dialects import llvm  # pylint: disable=import-outside-toplevel
-
-  @plgpu.inline_mgpu()
-  def mark(ctx):
-    del ctx
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], f"// end of role {role}", "",
-                    has_side_effects=True)
-
-  mark()
+REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
 
 
 def region(name):
@@ -138,8 +88,7 @@ def scratch_types(pair=False, cluster_merge=False):
                    k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
                                                num_barriers=NUM_K_TILES))
   else:
-    scratch.update(k_full=plgpu.Barrier(num_arrivals=num_warpgroups(pair) - 2,
-                                        num_barriers=NUM_K_TILES),
+    scratch.update(k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
                    k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES))
   if cluster_merge:
     scratch.update(mosaic_cluster_merge.scratch_types())
@@ -192,16 +141,11 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   if pair:
     rank = lax.axis_index("pair")
     row0 = (lax.axis_index("rows") * 2 + rank) * BLOCK_ROWS
-    mosaic_pair.init_ready_barriers(ready, num_warpgroups(pair) - 2)
+    mosaic_pair.init_ready_barriers(ready)
   else:
     row0 = lax.axis_index("rows") * BLOCK_ROWS
   split = lax.axis_index("split")
   wg = lax.axis_index("wg")
-  # Which part of each block's rows this producer gathers (mosaic.gather.PARTS); None: all.
-  producers = num_warpgroups(pair) - 2
-  share = producer_share(pair)
-  mark_role_ends = MARK_ROLE_ENDS or num_warpgroups(pair) == 4
-  gather_rank = ((rank * producers if pair else 0) + wg - 2) if share else None
   out_ref, lse_ref = refs[-2:]
   if two_sources:
     indptr_b, idx_b, *refs = refs
@@ -232,8 +176,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   def set_registers(role):
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
     # instruction.
-    share = mosaic_consumer.launch_registers(num_warpgroups(pair))
-    count = register_split(pair)[role]
+    share = mosaic_consumer.LAUNCH_REGISTERS // 3
+    count = REGISTERS[pair][role]
     plgpu.set_max_registers(count, action="increase" if count > share else "decrease")
 
   def fill(idx, kv, rope, start, length, block0, first_step, end):
@@ -257,10 +201,9 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
     def filled(tile, packed=True):
       if pair:
-        if packed:  # the rows this producer gathered, on to the peer's tile (float: st.async)
-          mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank, gather_rank,
-                                   mosaic_gather.PARTS[share])
-        mosaic_pair.arrive_filled(ready, tile, producers)
+        if packed:  # the rows this CTA gathered, on to the peer's tile (float rows: st.async)
+          mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank)
+        mosaic_pair.arrive_filled(ready, tile)
       else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
         plgpu.barrier_arrive(k_full.at[tile])
@@ -272,14 +215,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
           tile, pair_args = wait_free(step)
         with region("gather"):
           block_idx, num_valid = block(step)
-
-          def copy():
-            mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
-                                       pair=pair_args)
-          if producers == 2:  # the first copies the CTA's rows, both arrive
-            pl.when(wg == 2)(copy)
-          else:
-            copy()
+          mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
+                                     pair=pair_args)
           filled(tile, packed=False)
       return
 
@@ -291,7 +228,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
         carried = mosaic_gather.gather_step(
             kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
-            k_smem.at[tile], carried, clamp=True, rank=gather_rank, share=share)
+            k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
         filled(tile)
       return carried
 
@@ -303,10 +240,10 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       carried = mosaic_gather.gather_issue(
           kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV,
                                            0), BLOCK_KV)],
-          jnp.where(any_step, first_valid, 0), clamp=True, rank=gather_rank, share=share)
+          jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
     lax.fori_loop(first_step, end, fill_step, carried)
 
-  @pl.when(wg >= 2)
+  @pl.when(wg == 2)
   def _producer():
     set_registers(2)
     for source, end in zip(sources, step_ends):
@@ -435,15 +372,11 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
                                          jnp.clip(rows - row0, 0, BLOCK_ROWS), q_smem)
       plgpu.commit_smem()  # the stores, before this warpgroup's wgmma reads them
     softmax_for_both()
-    if mark_role_ends:
-      end_of_role(0)
 
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
     pv_from_shared_p()
-    if mark_role_ends:
-      end_of_role(1)
 
   if pair or cluster_merge:
     mosaic_pair.cluster_sync()

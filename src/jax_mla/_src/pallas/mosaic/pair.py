@@ -58,10 +58,10 @@ def _thread_in_block():
   return arith.index_cast(ir.IntegerType.get_signless(32), gpu.thread_id(gpu.Dimension.x))
 
 
-def init_ready_barriers(ready_ref, producers=1):
+def init_ready_barriers(ready_ref):
   """Called by every thread of the CTA before the roles branch: thread 0 initializes the
-  barriers (128 arrivals each per producer warpgroup: the local producers' threads), then the
-  whole cluster syncs, so that no peer writes to a barrier before it exists."""
+  barriers (128 arrivals each: the local producer's threads), then the whole cluster syncs, so
+  that no peer writes to a barrier before it exists."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
@@ -72,7 +72,7 @@ def init_ready_barriers(ready_ref, producers=1):
     first = arith.cmpi(arith.CmpIPredicate.eq, _thread_in_block(), mgpu_utils.c(0, i32))
     for tile in range(ir.MemRefType(ready.type).shape[0] // 2):
       _void_asm([first, barrier_address(ready, mgpu_utils.c(tile, i32))],
-                f"@$0 mbarrier.init.shared::cta.b64 [$1], {128 * producers};", "b,r")
+                "@$0 mbarrier.init.shared::cta.b64 [$1], 128;", "b,r")
     _void_asm([], "fence.mbarrier_init.release.cluster;", "")
     _cluster_barrier()
 
@@ -97,30 +97,28 @@ def cluster_sync():
   sync()
 
 
-def sent_range(rank, half, parts=2):
-  """(first byte, bytes) in a K tile of the rows of part `rank` of a block cut in `parts`
-  (mosaic.gather.PARTS: 2, a pair's CTA; 4, one of its two producers) in the tile's half `half`
-  (rows 32 rank .. 32 rank + 31 of two parts: contiguous in the tile's (8, 32)-tiled layout).
+def sent_range(rank, half):
+  """(first byte, bytes) in a K tile of the rows a pair's CTA of rank `rank` fills in the tile's
+  half `half` (rows 32 rank .. 32 rank + 31: contiguous in the tile's (8, 32)-tiled layout).
   rank: a Python int (tests) or an i32 IR value (mosaic.gather._Int; the first byte is one
   too)."""
-  size = PEER_BYTES // 2 * 2 // parts
+  size = PEER_BYTES // 2
   return half * BLOCK_ROWS * HALF * 2 + rank * size, size
 
 
-def copy_to_peer(k_tile_ref, ready_ref, tile, rank, part=None, parts=2):
-  """Called by a producer warpgroup after its local stores of K tile `tile` (a packed pool's);
-  once every thread's stores are fenced for the async proxy, thread 0 copies its rows
-  (sent_range of `part`, default this CTA's rank, of `parts`; each half of the tile) into the
-  same place of the peer's tile, the bytes counted on the peer's ready barrier of that tile
-  (as st.async's are)."""
+def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
+  """Called by the producer warpgroup after its local stores of K tile `tile` (a packed pool's);
+  once every thread's stores are fenced for the async proxy, thread 0 copies this CTA's rows
+  (sent_range, each half of the tile) into the same place of the peer's tile, the bytes
+  counted on the peer's ready barrier of that tile (as st.async's are)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax_mla._src.pallas.mosaic.gather import _Int, _peer_window, k_tile_transforms
   scalar = plgpu.Layout.WG_SPLAT(shape=())
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(k_tile_transforms()), plgpu.RefType(), scalar,
-                                scalar, scalar))
-  def send(ctx, k, ready, tile_, rank_, part_):
+                                scalar))
+  def send(ctx, k, ready, tile_, rank_):
     del ctx
     mgpu_utils, ir, arith, llvm = _ir()
     i32 = ir.IntegerType.get_signless(32)
@@ -133,20 +131,20 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank, part=None, parts=2):
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
     for h in range(2):
-      start, size = sent_range(_Int(part_.registers.flat[0]), h, parts)
+      start, size = sent_range(_Int(rank_value), h)
       source = arith.addi(k_base, start.value)
       _void_asm([first, arith.addi(source, offset), source, mgpu_utils.c(size, i32),
                  peer_barrier],
                 "@$0 cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
                 "[$1], [$2], $3, [$4];", "b,r,r,r,r")
 
-  send(k_tile_ref, ready_ref, tile, rank, rank if part is None else part)
+  send(k_tile_ref, ready_ref, tile, rank)
 
 
-def arrive_filled(ready_ref, tile, producers=1):
-  """Called by each producer warpgroup after its gather into K tile `tile`: each thread fences
-  its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects its share
-  (of `producers`) of the PEER_BYTES the peer delivers (its bulk copies or its st.async)."""
+def arrive_filled(ready_ref, tile):
+  """Called by the producer warpgroup after its gather into K tile `tile`: each thread fences
+  its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects the
+  PEER_BYTES the peer delivers (its bulk copy or its st.async)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())))
@@ -158,7 +156,7 @@ def arrive_filled(ready_ref, tile, producers=1):
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
     _void_asm([], "fence.proxy.async.shared::cta;", "")
-    _void_asm([first, address, mgpu_utils.c(PEER_BYTES // producers, i32)],
+    _void_asm([first, address, mgpu_utils.c(PEER_BYTES, i32)],
               "{\n\t.reg .pred rest;\n\t.reg .b64 state;\n\tnot.pred rest, $0;\n\t"
               "@$0 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [$1], $2;\n\t"
               "@rest mbarrier.arrive.release.cta.shared::cta.b64 state, [$1];\n\t}", "b,r,r")
