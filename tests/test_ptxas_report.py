@@ -81,3 +81,21 @@ def test_setmaxnreg_rewrite_changes_only_its_count():
     ptxas_report.with_setmaxnreg(PTX, 9, 128)
   with pytest.raises(ValueError, match="no setmaxnreg on line 99"):
     ptxas_report.with_setmaxnreg(PTX, 99, 128)
+
+
+SASS = """\
+        /*0120*/                   STL [R1+0x44], R5                                (*"SpillRefill"*);
+        /*07f0*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xd8 ;
+        /*0800*/                   LDL R187, [R1+0x44]                              (*"SpillRefill"*);
+        /*0810*/                   LDL.LU R2, [R1+0x4c]                             (*"SpillRefill"*);
+        /*0820*/                   LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;
+        /*9750*/                   USETMAXREG.DEALLOC.CTAPOOL 0xa0 ;
+        /*9760*/                   STS.128 [R3], R8 ;
+        /*bf40*/                   USETMAXREG.DEALLOC.CTAPOOL 0x80 ;
+        /*bf50*/                   STL.64 [R1], R6                                  (*"SpillRefill"*);
+"""
+
+
+def test_spills_are_counted_by_the_region_each_setmaxnreg_opens():
+  # Global and shared loads and stores (LDG, STS) are not spills.
+  assert ptxas_report.spills_by_region(SASS) == [("entry", 1), (216, 2), (160, 0), (128, 1)]

@@ -1,5 +1,6 @@
 """ptxas on a Mosaic kernel's PTX, on any x86-64 machine: registers, spills, the C75xx notes,
-and whether each `setmaxnreg` survived into the SASS.
+whether each `setmaxnreg` survived into the SASS, and where the spills are (the SASS's LDL / STL
+per warpgroup role, split at its USETMAXREG instructions, as benchmarks/ncu_roles.py does).
 
 The PTX comes from a GPU machine (Mosaic GPU writes it there; the CPU machine cannot lower a
 Mosaic kernel to PTX):
@@ -30,6 +31,8 @@ _SETMAXNREG = re.compile(r"(setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+)(\d+);"
 _USED = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _NOTE = re.compile(r"\((C\d{4})\) (.*)")
+_USETMAXREG = re.compile(r"USETMAXREG\.\S+ (?:\S+, )?(0x[0-9a-f]+)")
+_SPILL_INSTRUCTION = re.compile(r"\b(LDL|STL)(\.\S+)? ")
 
 
 @dataclasses.dataclass
@@ -99,8 +102,21 @@ def _tool(name):
   return None
 
 
+def spills_by_region(sass):
+  """[(region, LDL/STL instructions in it)] of a SASS listing split at its USETMAXREG
+  instructions: "entry" before the first, then each region by the count it sets."""
+  regions = [["entry", 0]]
+  for line in sass.splitlines():
+    kept = _USETMAXREG.search(line)
+    if kept:
+      regions.append([int(kept.group(1), 16), 0])
+    elif _SPILL_INSTRUCTION.search(line):
+      regions[-1][1] += 1
+  return [tuple(region) for region in regions]
+
+
 def compile_ptx(ptx, arch="sm_90a"):
-  """(Report, the number of USETMAXREG in the SASS or None without nvdisasm or a cubin)."""
+  """(Report, spills_by_region of the SASS, or None without nvdisasm or a cubin)."""
   ptxas = _tool("ptxas")
   if ptxas is None:
     raise SystemExit("no ptxas: pip install nvidia-cuda-nvcc (or put CUDA's bin on PATH)")
@@ -114,8 +130,9 @@ def compile_ptx(ptx, arch="sm_90a"):
     nvdisasm = _tool("nvdisasm")
     if nvdisasm is None or not os.path.exists(cubin):
       return report, None
-    sass = subprocess.run([nvdisasm, cubin], capture_output=True, text=True, check=True).stdout
-    return report, sass.count("USETMAXREG")
+    sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    return report, spills_by_region(sass)
 
 
 def main(argv=None):
@@ -134,7 +151,7 @@ def main(argv=None):
     ptx = with_setmaxnreg(ptx, line, count)
   print(f".maxntid {_MAXNTID.search(ptx).group(1)}; setmaxnreg: " + ", ".join(
       f"line {n} {action} {count}" for n, action, count in setmaxnreg_sites(ptx)))
-  report, kept = compile_ptx(ptx, args.arch)
+  report, regions = compile_ptx(ptx, args.arch)
   for line in report.fatal:
     print("fatal:", line)
   if report.registers is not None:
@@ -142,8 +159,11 @@ def main(argv=None):
           f"{report.spill_loads} B loaded")
   for note in report.notes:
     print("note:", note)
-  if kept is not None:
-    print(f"USETMAXREG in the SASS: {kept} of {len(setmaxnreg_sites(ptx))} setmaxnreg")
+  if regions is not None:
+    print(f"USETMAXREG in the SASS: {len(regions) - 1} of {len(setmaxnreg_sites(ptx))} "
+          "setmaxnreg; LDL/STL by region: " + ", ".join(
+              f"{name if name == 'entry' else f'setmaxnreg {name}'} {count}"
+              for name, count in regions))
   return 1 if report.fatal else 0
 
 
