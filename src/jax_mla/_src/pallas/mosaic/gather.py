@@ -82,6 +82,8 @@ ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's
 # costs. Slower: a bf16x2 form that decoded the fp8 bits with shifts instead of cvt (1.88 us per
 # block against 1.62, 2026-12-03).
 MATHS = ("f32", "bf16", "none")
+# The kernel's producer's math (gather_step); "none" only to time what the conversion costs.
+K_MATH = "bf16"
 # Bytes one CTA of a pair (gather_dequantize's pair) writes into the other's K tile per
 # block: half the rows, both halves of the tile, bf16.
 PEER_BYTES = BLOCK_ROWS // 2 * 2 * HALF * 2
@@ -237,7 +239,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
            *rank_arg):
     del ctx
-    emit = _FillEmitter(kv, rope, k, "bf16",
+    emit = _FillEmitter(kv, rope, k, K_MATH,
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
                         loads=K_LOAD_QUALIFIERS[paired])
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
