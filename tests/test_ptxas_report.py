@@ -73,10 +73,13 @@ def test_maxntid_rewrite_changes_only_the_directive():
 
 
 def test_setmaxnreg_rewrite_changes_only_its_count():
-  # A count whose digits also occur in the instruction's ".u32" must not touch the type.
   rewritten = ptxas_report.with_setmaxnreg(PTX, 11, 32)
   assert ptxas_report.setmaxnreg_sites(rewritten) == [(8, "dec", 80), (11, "inc", 32)]
   assert rewritten.replace("u32 32;", "u32 232;") == PTX
+  # Rewriting a count whose digits also occur in the instruction's ".u32" keeps the type.
+  again = ptxas_report.with_setmaxnreg(rewritten, 11, 40)
+  assert "setmaxnreg.inc.sync.aligned.u32 40;" in again
+  assert again.replace("u32 40;", "u32 232;") == PTX
   with pytest.raises(ValueError, match="no setmaxnreg on line 9"):
     ptxas_report.with_setmaxnreg(PTX, 9, 128)
   with pytest.raises(ValueError, match="no setmaxnreg on line 99"):

@@ -26,12 +26,14 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from ncu_roles import ROLE_START  # noqa: E402  pylint: disable=wrong-import-position
+
 _MAXNTID = re.compile(r"^\.maxntid\s+(\d+)", re.M)
 _SETMAXNREG = re.compile(r"(setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+)(\d+);")
 _USED = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _NOTE = re.compile(r"\((C\d{4})\) (.*)")
-_USETMAXREG = re.compile(r"USETMAXREG\.\S+ (?:\S+, )?(0x[0-9a-f]+)")
 _SPILL_INSTRUCTION = re.compile(r"\b(LDL|STL)(\.\S+)? ")
 
 
@@ -107,7 +109,7 @@ def spills_by_region(sass):
   instructions: "entry" before the first, then each region by the count it sets."""
   regions = [["entry", 0]]
   for line in sass.splitlines():
-    kept = _USETMAXREG.search(line)
+    kept = ROLE_START.search(line)
     if kept:
       regions.append([int(kept.group(1), 16), 0])
     elif _SPILL_INSTRUCTION.search(line):
