@@ -124,12 +124,6 @@ def copy_consecutive(rows_ref, first_row, num_valid, smem):
   _fill(rows_ref, None, lambda r: first_row + r, num_valid, smem)
 
 
-def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf16",
-                      clamp=False, pair=None):
-  del math, pair  # the kernel's math; paired: the whole block into this CTA's tile
-  _fill(kv_ref, rope_ref, _listed(idx_ref, kv_ref.shape[0], clamp), num_valid, k_smem)
-
-
 def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
   del pair  # paired: the whole block into this CTA's tile (see pair_stand_ins)
   _fill(kv_ref, None, _listed(idx_ref, kv_ref.shape[0], clamp), num_valid, k_smem)
@@ -238,7 +232,6 @@ def merge_stand_in(plgpu):
 STAND_INS = [
     (mosaic_gather, "gather_consecutive", gather_consecutive),
     (mosaic_gather, "copy_consecutive", copy_consecutive),
-    (mosaic_gather, "gather_dequantize", gather_dequantize),
     (mosaic_gather, "gather_float", gather_float),
     (mosaic_gather, "gather_issue", gather_issue),
     (mosaic_gather, "gather_step", gather_step),

@@ -56,11 +56,6 @@ NUM_K_TILES = 2
 # 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
 # lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
 REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
-# Whether warpgroup 1, idle until the first P, fills a split's second K tile (step 1) itself
-# at the start, beside the producer's first, which then goes on from step 2: paired /
-# unpaired. So a split's first two gathers overlap (its two blocks, at small batch, where the
-# gathers were half of a CTA's time; benchmarks/README.md).
-ASSIST_SECOND_FILL = {True: False, False: True}
 
 
 def region(name):
@@ -185,43 +180,16 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     count = REGISTERS[pair][role]
     plgpu.set_max_registers(count, action="increase" if count > share else "decrease")
 
-  def block_of(idx, start, length, block0, step):
-    """(the block's index list, its number of valid rows) at `step` of a source; an empty
-    split's block is all invalid rows: zeros, and no index read."""
-    first = (block0 + step) * BLOCK_KV
-    return idx.at[pl.ds(start + first, BLOCK_KV)], jnp.clip(length - first, 0, BLOCK_KV)
-
-  # Warpgroup 1 fills step 1 when the first source has it (ASSIST_SECOND_FILL).
-  assisted = (step_ends[0] >= 2) if ASSIST_SECOND_FILL[pair] else None
-
-  def assist_second_fill():
-    idx, kv, rope, start, length, block0, _ = sources[0]
-
-    @pl.when(assisted)
-    def _fill():
-      block_idx, num_valid = block_of(idx, start, length, block0, 1)
-      if rope is None:
-        mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[1], clamp=True)
-      else:
-        mosaic_gather.gather_dequantize(kv, rope, block_idx, num_valid, k_smem.at[1],
-                                        clamp=True)
-      plgpu.commit_smem()  # the stores, before wgmma reads the tile
-      plgpu.barrier_arrive(k_full.at[1])
-
-  def fill(idx, kv, rope, start, length, block0, first_step, end, skip_step1=None):
+  def fill(idx, kv, rope, start, length, block0, first_step, end):
     """The producer's steps first_step .. end - 1: the K tile of block block0 + step of one
-    source, but step 1 when skip_step1 (warpgroup 1's). A packed pool's loads run a block
-    ahead (mosaic_gather.gather_step): each step converts the loads the previous one issued."""
+    source. A packed pool's loads run a block ahead (mosaic_gather.gather_step): each step
+    converts the loads the previous one issued."""
 
     def block(step):
-      return block_of(idx, start, length, block0, step)
-
-    # Loop iteration j fills step step_of(j): first_step, then on, past step 1 if skipped.
-    skip = 0 if skip_step1 is None else skip_step1.astype(jnp.int32)
-    last = end - skip
-
-    def step_of(j):
-      return j if skip_step1 is None else j + jnp.where(j >= 1, skip, 0)
+      """(the block's index list, its number of valid rows) at `step`; an empty split's block is
+      all invalid rows: zeros, and no index read."""
+      first = (block0 + step) * BLOCK_KV
+      return idx.at[pl.ds(start + first, BLOCK_KV)], jnp.clip(length - first, 0, BLOCK_KV)
 
     def wait_free(step):
       tile = lax.rem(step, NUM_K_TILES)
@@ -241,9 +209,8 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         plgpu.barrier_arrive(k_full.at[tile])
 
     if rope is None:  # a float pool: its values, rounded to bf16
-      @pl.loop(first_step, last)
-      def _fill(j):
-        step = step_of(j)
+      @pl.loop(first_step, end)
+      def _fill(step):
         with region("free_wait"):
           tile, pair_args = wait_free(step)
         with region("gather"):
@@ -253,13 +220,12 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
           filled(tile, packed=False)
       return
 
-    def fill_step(j, carried):
-      step = step_of(j)
+    def fill_step(step, carried):
       with region("free_wait"):
         tile, pair_args = wait_free(step)
       with region("gather"):
-        has_next = j + 1 < last
-        next_idx, next_valid = block(jnp.where(has_next, step_of(j + 1), step))
+        has_next = step + 1 < end
+        next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
         carried = mosaic_gather.gather_step(
             kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
             k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
@@ -275,13 +241,13 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
           kv, rope, idx.at[pl.ds(jnp.where(any_step, start + (block0 + first_step) * BLOCK_KV,
                                            0), BLOCK_KV)],
           jnp.where(any_step, first_valid, 0), clamp=True, rank=rank if pair else None)
-    lax.fori_loop(first_step, last, fill_step, carried)
+    lax.fori_loop(first_step, end, fill_step, carried)
 
   @pl.when(wg == 2)
   def _producer():
     set_registers(2)
-    for i, (source, end) in enumerate(zip(sources, step_ends)):
-      fill(*source, end, skip_step1=assisted if i == 0 else None)
+    for source, end in zip(sources, step_ends):
+      fill(*source, end)
     if cluster_merge:  # the consumers' cluster barrier after their partials (every thread's)
       mosaic_pair.cluster_sync()
 
@@ -410,9 +376,6 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   @pl.when(wg == 1)
   def _pv_consumer():
     set_registers(1)
-    if assisted is not None:
-      with region("second_fill"):
-        assist_second_fill()
     pv_from_shared_p()
 
   if pair or cluster_merge:
