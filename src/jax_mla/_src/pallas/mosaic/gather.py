@@ -81,12 +81,7 @@ ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's
 # "none": the fp8 words stored unconverted, wrong values, for measuring what the conversion
 # costs. Slower: a bf16x2 form that decoded the fp8 bits with shifts instead of cvt (1.88 us per
 # block against 1.62, 2026-12-03).
-MATHS = ("f32", "bf16", "none", "masked", "f16")
-# exp: zero invalid rows on the loaded fp8 words and the scale (before conversion) instead of
-# on the converted words.
-SELECT_BEFORE = False
-# The kernel's producer's math (gather_step); "none" only to time what the conversion costs.
-K_MATH = "bf16"
+MATHS = ("f32", "bf16", "none")
 # Bytes one CTA of a pair (gather_dequantize's pair) writes into the other's K tile per
 # block: half the rows, both halves of the tile, bf16.
 PEER_BYTES = BLOCK_ROWS // 2 * 2 * HALF * 2
@@ -242,7 +237,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
            *rank_arg):
     del ctx
-    emit = _FillEmitter(kv, rope, k, K_MATH,
+    emit = _FillEmitter(kv, rope, k, "bf16",
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
                         loads=K_LOAD_QUALIFIERS[paired])
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
@@ -575,7 +570,7 @@ class _FillEmitter:
     bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(0)), c32(0x00400000), bits)
     bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, c32(255)), c32(0x7FC00000),
                         bits)
-    if self.math in ("bf16", "f16"):  # the top half of the f32, in both halves of a word
+    if self.math == "bf16":  # the top half of the f32, in both halves of a word
       top = arith.shrui(bits, c32(16))
       return arith.ori(top, arith.shli(top, c32(16)))
     return arith.bitcast(self.f32, bits)
@@ -584,17 +579,8 @@ class _FillEmitter:
     """One 16-byte load of fp8 (four words) -> eight words of bf16, zeros for invalid rows."""
     if self.math == "none":
       out = list(words) * 2
-    elif self.math == "masked":  # one AND a word: small finite bf16 (scores near 0), wrong values
-      from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=import-outside-toplevel
-      mask = mgpu_utils.c(0x37373737, words[0].type)
-      out = [self.arith.andi(w, mask) for w in words] * 2
     else:
-      if SELECT_BEFORE:
-        words = [self.arith.select(valid, w, self.zero) for w in words]
-        scale = self.arith.select(valid, scale, self.zero if self.math != "f32" else scale)
       out = [o for w in words for o in self._fp8x4_to_bf16(w, scale)]
-      if SELECT_BEFORE:
-        return out
     return [self.arith.select(valid, o, self.zero) for o in out]
 
   def _fp8x4_to_bf16(self, word, scale):
@@ -634,9 +620,6 @@ _SCALED = {
       mul.rn.bf16x2 $0, c, $3;
       mul.rn.bf16x2 $1, d, $3;""", "=r,=r,r,r"),
     "none": ("", ""),
-    "f16": ("""
-      mul.rn.f16x2 $0, a, $3;
-      mul.rn.f16x2 $1, b, $3;""", "=r,=r,r,r"),
 }
 
 
