@@ -13,7 +13,12 @@ Input: the source page of an `ncu --set full --import-source yes` report as CSV:
       -o REPORT python benchmarks/ncu_decode.py 128 1 128 2048   # one launch of the decode
   ncu -i REPORT.ncu-rep --page source --csv --print-source sass > FILE.csv
 Usage (anywhere; FILE may be gzipped):
-  python benchmarks/ncu_roles.py FILE.csv[.gz] [--top 6]
+  python benchmarks/ncu_roles.py FILE.csv[.gz] [--top 6] [--shared]
+
+--shared adds the shared-memory wavefronts (128 bytes each) by opcode, from the same page:
+what each kind of instruction moves through the SM's shared-memory data path, the wgmma's
+operand reads included (benchmarks/README.md, "What limits it now"). The bulk copies' reads
+and the bytes a peer CTA's copies write here are not counted there.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import io
 import re
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
+SHARED = "L1 Wavefronts Shared"
+EXECUTED = "Instructions Executed"
 ROLE_START = re.compile(r"USETMAXREG\.\S+ (?:\S+, )?(0x[0-9a-f]+)")
 
 
@@ -89,12 +96,47 @@ def summary(rows, top=6):
   return "\n".join(out)
 
 
+def opcode(row):
+  """The row's SASS opcode without its predicate and modifiers; HGMMA keeps its shape."""
+  words = _source(row).split()
+  if words and words[0].startswith("@"):
+    words = words[1:]
+  op = words[0] if words else ""
+  return op if op.startswith("HGMMA") else op.split(".")[0]
+
+
+def shared_wavefronts(rows):
+  """[(opcode, its shared-memory wavefronts, per warp-level instruction executed)], largest
+  first, over the rows that move any."""
+  totals, executed = {}, {}
+  for row in rows:
+    waves = _count(row.get(SHARED))
+    if waves:
+      op = opcode(row)
+      totals[op] = totals.get(op, 0) + waves
+      executed[op] = executed.get(op, 0) + _count(row.get(EXECUTED))
+  return [(op, waves, waves / max(executed[op], 1))
+          for op, waves in sorted(totals.items(), key=lambda kv: -kv[1])]
+
+
+def shared_summary(rows):
+  table = shared_wavefronts(rows)
+  total = sum(waves for _, waves, _ in table)
+  return "\n".join([f"shared-memory wavefronts: {total}"] + [
+      f"    {waves / total:5.1%}  {op}: {waves} ({per:.1f} a warp instruction)"
+      for op, waves, per in table])
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("csv")
   parser.add_argument("--top", type=int, default=6)
+  parser.add_argument("--shared", action="store_true")
   args = parser.parse_args(argv)
-  print(summary(read_rows(args.csv), args.top))
+  rows = read_rows(args.csv)
+  print(summary(rows, args.top))
+  if args.shared:
+    print(shared_summary(rows))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,27 @@ def test_roles_split_at_setmaxnreg_and_sum_their_stalls(tmp_path):
   assert "setmaxnreg 128: 10 samples (19% of the kernel's); long_sb 50%, selected 50%" in text
 
 
+def test_shared_wavefronts_by_opcode_without_predicates_or_modifiers(tmp_path):
+  path = tmp_path / "w.csv"
+  rows = [("HGMMA.64x64x16.F32.BF16 R152, gdesc[UR4], R152", "1,024", "8,192"),
+          ("@!P1 STS.128 [R8], R64", "10", "40"), ("STS.64 [R9], R2", "2", "2"),
+          ("LDG.E.128.CONSTANT R28, desc[UR14][R14.64]", "99", "0"),
+          ("HGMMA.64x256x16.F32.BF16 R24, gdesc[UR16].tnspB, R24", "4", "72")]
+  text = io.StringIO()
+  writer = csv.writer(text)
+  writer.writerow(["Kernel Name", "anonymous_mosaic_gpu_kernel"])
+  writer.writerow(["Address", "Source", ncu_roles.SAMPLES, ncu_roles.EXECUTED, ncu_roles.SHARED])
+  for i, (source, executed, waves) in enumerate(rows):
+    writer.writerow([hex(i), source, "0", executed, waves])
+  path.write_text(text.getvalue())
+  table = ncu_roles.shared_wavefronts(ncu_roles.read_rows(str(path)))
+  assert table == [("HGMMA.64x64x16.F32.BF16", 8192, 8.0),
+                   ("HGMMA.64x256x16.F32.BF16", 72, 18.0), ("STS", 42, 42 / 12)]
+  text = ncu_roles.shared_summary(ncu_roles.read_rows(str(path)))
+  assert text.splitlines()[0] == "shared-memory wavefronts: 8306"
+  assert "98.6%  HGMMA.64x64x16.F32.BF16: 8192 (8.0 a warp instruction)" in text
+
+
 def test_reads_a_gzipped_report(tmp_path):
   plain, packed = tmp_path / "k.csv", tmp_path / "k.csv.gz"
   write_csv(plain)
