@@ -57,16 +57,24 @@ def _stall_keys(row):
   return [k for k in row if k.startswith("stall_") and "Not Issued" not in k]
 
 
+def split_at_setmaxnreg(items, text=lambda item: item):
+  """[(register count or None, [item, ...])]: the items of a SASS listing (text(item) is its
+  instruction) before the first USETMAXREG (None), then one range per USETMAXREG, each
+  opening its range, labelled by the count it sets, in program order."""
+  split = [(None, [])]
+  for item in items:
+    match = ROLE_START.search(text(item))
+    if match:
+      split.append((int(match.group(1), 16), []))
+    split[-1][1].append(item)
+  return split
+
+
 def roles(rows):
   """[(label, [row, ...])]: 'prologue', then one range per setmaxnreg (labelled by its register
   count), in program order."""
-  split = [("prologue", [])]
-  for row in rows:
-    match = ROLE_START.search(_source(row))
-    if match:
-      split.append((f"setmaxnreg {int(match.group(1), 16)}", []))
-    split[-1][1].append(row)
-  return split
+  return [("prologue" if count is None else f"setmaxnreg {count}", part)
+          for count, part in split_at_setmaxnreg(rows, _source)]
 
 
 def stall_shares(rows):

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from ncu_roles import ROLE_START  # noqa: E402  pylint: disable=wrong-import-position
+from ncu_roles import split_at_setmaxnreg  # noqa: E402  pylint: disable=wrong-import-position
 
 _MAXNTID = re.compile(r"^\.maxntid\s+(\d+)", re.M)
 _SETMAXNREG = re.compile(r"(setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+)(\d+);")
@@ -107,14 +107,9 @@ def _tool(name):
 def spills_by_region(sass):
   """[(region, LDL/STL instructions in it)] of a SASS listing split at its USETMAXREG
   instructions: "entry" before the first, then each region by the count it sets."""
-  regions = [["entry", 0]]
-  for line in sass.splitlines():
-    kept = ROLE_START.search(line)
-    if kept:
-      regions.append([int(kept.group(1), 16), 0])
-    elif _SPILL_INSTRUCTION.search(line):
-      regions[-1][1] += 1
-  return [tuple(region) for region in regions]
+  return [("entry" if count is None else count,
+           sum(1 for line in lines if _SPILL_INSTRUCTION.search(line)))
+          for count, lines in split_at_setmaxnreg(sass.splitlines())]
 
 
 def compile_ptx(ptx, arch="sm_90a"):
