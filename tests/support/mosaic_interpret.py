@@ -19,6 +19,11 @@ The pipelined gather's stand-in keeps the kernel's contract for the loads it car
 groups, and the step that converts that block uses them, so a block handed the wrong carried
 loads gets the wrong rows (and a row the carry says is absent but the block says is valid
 turns NaN).
+
+The gathers' stand-ins work a block at a time: one load of the pool (and of the index list), the
+rows picked with jnp, one store per half of the tile. Each load or store inside an interpreted
+kernel is a callback; row by row, they made about 95% of an interpreted decode's callbacks and
+most of its time.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import faulthandler
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
@@ -79,39 +83,51 @@ def slot_of(r, rank=None):
   return jnp.where(inside, x // per_warp * carried + x % per_warp, -1)
 
 
-def _values(kv_ref, rope_ref, row):
-  """Pool row `row` as bf16 [1, 512]: dequantized (packed) or rounded (float rows)."""
+def _pool_rows(kv_ref, rope_ref, rows):
+  """Pool rows `rows` (int32 [BLOCK], each in 0 .. N - 1) as bf16 [BLOCK, 512]: dequantized
+  (packed) or rounded (float rows). The whole pool in one load: the interpreter has no gather
+  from a ref, and one load per row (a callback each) made most of an interpreted decode's
+  time."""
+  picked = jnp.take(kv_ref[...], rows, axis=0)
   if rope_ref is None:
-    return kv_ref[pl.ds(row, 1), :].astype(jnp.bfloat16)
-  return layout.unpack_rows(kv_ref[pl.ds(row, 1), :], rope_ref[pl.ds(row, 1), :],
-                            jnp.bfloat16)
-
-
-def _store(tile, r, values):
-  tile[0, pl.ds(r, 1), :] = values[:, :mosaic_gather.HALF]
-  tile[1, pl.ds(r, 1), :] = values[:, mosaic_gather.HALF:]
+    return picked.astype(jnp.bfloat16)
+  return layout.unpack_rows(picked, jnp.take(rope_ref[...], rows, axis=0), jnp.bfloat16)
 
 
 def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
-  """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it, and row_of is not
-  called there (the kernel reads no index past a block's valid rows). A negative row (a
-  carried load that says "no row" where the block has one: loads handed to the wrong block)
-  is stored as NaN."""
-  def valid_row(r):
-    row = row_of(r)
-    values = _values(kv_ref, rope_ref, jnp.maximum(row, 0))
-    return jnp.where(row < 0, jnp.nan, values).astype(jnp.bfloat16)
+  """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it (row_of takes the
+  block's rows r = 0 .. BLOCK - 1 at once; what it gives past num_valid is never used). A
+  row outside the pool (negative: a carried load that says "no row" where the block has one,
+  loads handed to the wrong block) is stored as NaN. One load of the pool and one store per
+  half of the tile, the bytes the kernel writes (every row of the tile)."""
+  r = jnp.arange(BLOCK, dtype=jnp.int32)
+  rows = row_of(r)
+  num_rows = kv_ref.shape[0]
+  outside = (rows < 0) | (rows >= num_rows)
+  values = _pool_rows(kv_ref, rope_ref, jnp.clip(rows, 0, num_rows - 1))
+  values = jnp.where(outside[:, None], jnp.nan, values)
+  values = jnp.where((r < num_valid)[:, None], values, 0).astype(jnp.bfloat16)
+  tile[0] = values[:, :mosaic_gather.HALF]
+  tile[1] = values[:, mosaic_gather.HALF:]
 
-  def body(r, _):
-    values = lax.cond(r < num_valid, lambda: valid_row(r),
-                      lambda: jnp.zeros((1, layout.HEAD_DIM), jnp.bfloat16))
-    _store(tile, r, values)
-  lax.fori_loop(0, BLOCK, body, None)
+
+def _entries(idx_ref, r):
+  """Entries r (int32 [n]) of a block's view of an index list, idx.at[pl.ds(first, BLOCK)] as
+  the kernel passes it. The view may run past the list's end, where the kernel reads nothing:
+  the whole list is read in one load and the positions past it read its last entry."""
+  ref, transforms = getattr(idx_ref, "ref", idx_ref), getattr(idx_ref, "transforms", ())
+  first = 0
+  if transforms:
+    (indexer,) = transforms
+    (window,) = indexer.indices
+    first = window.start
+  entries = ref[...]
+  return jnp.take(entries, jnp.minimum(first + r, entries.shape[0] - 1))
 
 
 def _listed(idx_ref, num_rows, clamp):
   def row_of(r):
-    row = idx_ref[r]
+    row = _entries(idx_ref, r)
     return jnp.clip(row, 0, num_rows - 1) if clamp else row
   return row_of
 
@@ -130,12 +146,13 @@ def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
 
 
 def _issue(idx_ref, num_rows, num_valid, clamp, rank):
-  """The carried loads of a block: its carried rows' pool rows, -1 where invalid."""
-  row_of = _listed(idx_ref, num_rows, clamp)
-  rows = [lax.cond(r < num_valid, lambda r=r: row_of(r), lambda: jnp.int32(-1))
-          for r in _carried_rows(rank)]
+  """The carried loads of a block: its carried rows' pool rows (in _carried_rows(rank)'s
+  order: slot_of), -1 where invalid."""
+  r = jnp.arange(BLOCK, dtype=jnp.int32)
+  rows = jnp.where(r < num_valid, _listed(idx_ref, num_rows, clamp)(r), -1)
   carried = jnp.zeros(mosaic_gather.carried_type(rank is not None).shape, jnp.int32)
-  return carried.at[:len(rows)].set(jnp.stack(rows))
+  slot = slot_of(r, rank)
+  return carried.at[jnp.where(slot >= 0, slot, carried.shape[0])].set(rows, mode="drop")
 
 
 def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None):
@@ -151,7 +168,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
 
   def row_of(r):
     slot = slot_of(r, rank)
-    return lax.cond(slot >= 0, lambda: carried[jnp.maximum(slot, 0)], lambda: listed(r))
+    return jnp.where(slot >= 0, carried[jnp.maximum(slot, 0)], listed(r))
   _fill(kv_ref, rope_ref, row_of, num_valid, k_smem)
   return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
