@@ -15,9 +15,15 @@ every set of lengths; the persistent API equal to decode; layouts a backend does
 refused with the reason. DeepSeek-V4 as served: two KV sources in one call, per-query-token
 lists, bf16/f32 Q, unquantized pools and `softmax_scale`, each in the form the backend computes
 it (natively, or as the API adapts it for the backend: `Backend.native`, adapters.py).
+
+The contract calls go through `jax.jit`, one jitted function per (API, backend, static options)
+kept for the module (`jitted`): the cases of one shape share an executable (an eager call of
+the Pallas backend in interpret mode compiles its kernel every time, about 1.5 s).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +72,22 @@ def backend(request, monkeypatch):
   return name
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted(api, backend, options):
+  fn = jax_mla.decode if api == "decode" else jax_mla.decode_persistent
+  return jax.jit(functools.partial(fn, backend=backend, **dict(options)))
+
+
+def jitted(api, backend, **options):
+  """jax_mla.decode or decode_persistent (`api`) with these static keywords, jitted once per
+  module: a trace made under the pallas_interpret fixture's patch serves only that backend's
+  cases (a run with a GPU skips pallas_interpret)."""
+  return _jitted(api, backend, tuple(sorted(options.items())))
+
+
 def decode(batch, backend, **kwargs):
-  out, lse = jax_mla.decode(*batch.args(), tokens_per_seq=batch.tokens_per_seq, backend=backend,
-                            **kwargs)
+  out, lse = jitted("decode", backend, tokens_per_seq=batch.tokens_per_seq, **kwargs)(
+      *batch.args())
   return np.asarray(jnp.asarray(out, jnp.float32)), (None if lse is None else np.asarray(lse))
 
 
@@ -78,7 +97,7 @@ def run_api(batch, backend, api, **kwargs):
   if api == "decode":
     return decode(batch, backend, **kwargs)
   workspace = jax_mla.make_workspace(num_partitions=8, max_rows=batch.q.shape[0])
-  out, lse, workspace = jax_mla.decode_persistent(*batch.args(), workspace, backend=backend)
+  out, lse, workspace = jitted("persistent", backend)(*batch.args(), workspace)
   assert not np.asarray(workspace.cnt).any(), "the arrival counters must be back at zero"
   return np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse)
 
@@ -380,8 +399,8 @@ def oracle_for(backend, q, q_rope, given, sink, tokens_per_seq, softmax_scale=No
 
 def decode_sources(backend, q, q_rope, given, sink, tokens_per_seq, **kwargs):
   main, extra = given[0], (jax_mla.KVSource(*given[1]) if len(given) > 1 else None)
-  out, lse = jax_mla.decode(q, q_rope, *main, sink, extra=extra, tokens_per_seq=tokens_per_seq,
-                            backend=backend, **kwargs)
+  out, lse = jitted("decode", backend, tokens_per_seq=tokens_per_seq, **kwargs)(
+      q, q_rope, *main, sink, extra=extra)
   return _values(out), (None if lse is None else np.asarray(lse))
 
 
