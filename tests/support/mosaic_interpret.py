@@ -33,7 +33,6 @@ import faulthandler
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
 from jax_mla._src import layout
 from jax_mla._src.pallas import merge as pallas_merge
