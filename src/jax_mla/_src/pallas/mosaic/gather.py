@@ -557,11 +557,11 @@ class _FillEmitter:
         continue
       # Line j holds tiles 2 j and 2 j + 1 (scale word j); the piece is dims j * LINE + 16 piece.
       out = self._dequantize16(data[4 * j:4 * j + 4], self._tile_scale(scales, j), valid)
-      half, col = fp8_store_columns(_Int(self.piece), j)
+      store_half, col = fp8_store_columns(_Int(self.piece), j)
 
-      def store(out=out, half=half, col=col.value):
-        self._store(half, row, col, out[:4])
-        self._store(half, row, self.add(col, 8), out[4:])
+      def store(out=out, store_half=store_half, col=col.value):
+        self._store(store_half, row, col, out[:4])
+        self._store(store_half, row, self.add(col, 8), out[4:])
       if j == FP8_LINES - 1:
         with self.mgpu_utils.when(self.in_fp8):
           store()
