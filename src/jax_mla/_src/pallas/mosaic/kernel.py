@@ -310,12 +310,24 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref, heads=heads, stage_smem=q_smem.at[half])
 
-  def issue_qk(acc_ref, step, tile):
-    """S over the tile's two halves of dims, each issued once it is filled (wait_filled)."""
-    for h in range(2):
-      if h:
-        wait_filled(step, h)
-      plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[tile, h].T)
+  def qk(step, tile):
+    """S = Q K^T over the tile's two halves of dims. Halves published apart (pair and
+    PUBLISH_HALVES): the first half's MMAs, then the wait for the second, then its MMAs
+    accumulating on the first's result, as two chains: a barrier's wait loop between the MMAs
+    of one chain made ptxas fence them (C7519) and spill."""
+    def first(acc_ref):
+      plgpu.wgmma(acc_ref, q_smem.at[0], k_smem.at[tile, 0].T)
+      if not (pair and PUBLISH_HALVES):
+        plgpu.wgmma(acc_ref, q_smem.at[1], k_smem.at[tile, 1].T)
+      return acc_ref[...]
+    s = pl.run_scoped(first, s_accumulator)
+    if not (pair and PUBLISH_HALVES):
+      return s
+    wait_filled(step, 1)
+
+    def second(acc_ref):
+      plgpu.wgmma(acc_ref, q_smem.at[1], k_smem.at[tile, 1].T)
+    return pl.run_state(second)(plgpu.ACC.init(s))
 
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
 
@@ -347,13 +359,9 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       acc, m_i, l_i = carry
       tile = lax.rem(i, NUM_K_TILES)
       with region("tile_wait"):
-        wait_filled(i, 0)
-
-      def qk(acc_ref):
-        issue_qk(acc_ref, i, tile)
-        return acc_ref[...]
+        wait_filled(i, 0 if PUBLISH_HALVES else None)
       with region("qk"):
-        s = pl.run_scoped(qk, s_accumulator)
+        s = qk(i, tile)
       if pair:  # warpgroup 0 is done with the tile's second half
         plgpu.barrier_arrive(k_free_hi.at[tile])
       acc, m_i, l_i = softmax_and_pv(i, s, tile, acc, m_i, l_i)
