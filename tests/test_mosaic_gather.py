@@ -107,15 +107,12 @@ def test_work_split_writes_every_chunk_once_and_the_right_dims(ranks):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_pairs_bulk_copy_sends_exactly_the_rows_its_cta_stored(rank):
-  """mosaic.pair.copy_to_peer copies sent_range(rank, half) of each half: every byte the CTA's
-  producer stored in that half, nothing the peer stores itself, PEER_BYTES / 2 a half (what
-  the peer's ready barrier of the half expects, kernel.PUBLISH_HALVES)."""
-  tile_half = 64 * mg.HALF * 2
-  for half in range(2):
-    stored = sorted(s[3] for s in all_stores(rank) if s[3] // tile_half == half)
-    first, size = mosaic_pair.sent_range(rank, half)
-    assert stored == list(range(first, first + size, 16))
-    assert 16 * len(stored) == mg.PEER_BYTES // 2
+  """mosaic.pair.copy_to_peer copies sent_range(rank, half) of both halves: every byte the
+  CTA's producer stored, nothing the peer stores itself, PEER_BYTES in all."""
+  stored = sorted(s[3] for s in all_stores(rank))
+  sent = [a for half in range(2) for first, size in [mosaic_pair.sent_range(rank, half)]
+          for a in range(first, first + size, 16)]
+  assert stored == sent and 16 * len(sent) == mg.PEER_BYTES
 
 
 @pytest.mark.parametrize("rank", [None, 0, 1])

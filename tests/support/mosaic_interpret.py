@@ -93,13 +93,12 @@ def _pool_rows(kv_ref, rope_ref, rows):
   return layout.unpack_rows(picked, jnp.take(rope_ref[...], rows, axis=0), jnp.bfloat16)
 
 
-def _fill(kv_ref, rope_ref, row_of, num_valid, tile, halves=(0, 1)):
-  """Rows row_of(r) of the pool into tile rows r < num_valid, in the tile's `halves` of dims;
-  zeros past it (row_of takes the block's rows r = 0 .. BLOCK - 1 at once; what it gives past
-  num_valid is never used). A row outside the pool (negative: a carried load that says "no
-  row" where the block has one, loads handed to the wrong block) is stored as NaN. One load of
-  the pool and one store per half of the tile, the bytes the kernel writes (every row of the
-  tile)."""
+def _fill(kv_ref, rope_ref, row_of, num_valid, tile):
+  """Rows row_of(r) of the pool into tile rows r < num_valid; zeros past it (row_of takes the
+  block's rows r = 0 .. BLOCK - 1 at once; what it gives past num_valid is never used). A
+  row outside the pool (negative: a carried load that says "no row" where the block has one,
+  loads handed to the wrong block) is stored as NaN. One load of the pool and one store per
+  half of the tile, the bytes the kernel writes (every row of the tile)."""
   r = jnp.arange(BLOCK, dtype=jnp.int32)
   rows = row_of(r)
   num_rows = kv_ref.shape[0]
@@ -107,8 +106,8 @@ def _fill(kv_ref, rope_ref, row_of, num_valid, tile, halves=(0, 1)):
   values = _pool_rows(kv_ref, rope_ref, jnp.clip(rows, 0, num_rows - 1))
   values = jnp.where(outside[:, None], jnp.nan, values)
   values = jnp.where((r < num_valid)[:, None], values, 0).astype(jnp.bfloat16)
-  for half in halves:
-    tile[half] = values[:, half * mosaic_gather.HALF:(half + 1) * mosaic_gather.HALF]
+  tile[0] = values[:, :mosaic_gather.HALF]
+  tile[1] = values[:, mosaic_gather.HALF:]
 
 
 def _entries(idx_ref, r):
@@ -161,18 +160,15 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, rank=None, half=None):
+                carried, *, clamp=False, rank=None):
   """Paired (rank given): the whole block into this CTA's tile, its own half from the carried
-  loads (see pair_stand_ins). half: the kernel's (0: the tile's first half of dims, and no
-  loads issued; 1: the second, and the next block's loads)."""
+  loads (see pair_stand_ins)."""
   listed = _listed(idx_ref, kv_ref.shape[0], clamp)
 
   def row_of(r):
     slot = slot_of(r, rank)
     return jnp.where(slot >= 0, carried[jnp.maximum(slot, 0)], listed(r))
-  _fill(kv_ref, rope_ref, row_of, num_valid, k_smem, (0, 1) if half is None else (half,))
-  if half == 0:
-    return None
+  _fill(kv_ref, rope_ref, row_of, num_valid, k_smem)
   return _issue(next_idx_ref, kv_ref.shape[0], next_num_valid, clamp, rank)
 
 
@@ -211,17 +207,16 @@ def pair_stand_ins(plgpu):
   the kernel's: the cluster grid, each CTA's rows (its rank), its half of the carried loads,
   and the roles' order of waits and arrivals on those barriers. Not covered: the bytes that
   cross to the peer, and each CTA waiting for the other's consumers before refilling."""
-  def ready_barriers(num_barriers):
-    return plgpu.Barrier(num_arrivals=1, num_barriers=num_barriers)
+  def ready_barriers(num_tiles):
+    return plgpu.Barrier(num_arrivals=1, num_barriers=num_tiles)
 
-  def arrive_filled(ready_ref, barrier, peer_bytes=0):
-    del peer_bytes
+  def arrive_filled(ready_ref, tile):
     plgpu.commit_smem()
-    plgpu.barrier_arrive(ready_ref.at[barrier])
+    plgpu.barrier_arrive(ready_ref.at[tile])
 
-  def wait_filled(ready_ref, barrier, parity):
+  def wait_filled(ready_ref, tile, parity):
     del parity  # the interpreter tracks each waiter's phase itself
-    plgpu.barrier_wait(ready_ref.at[barrier])
+    plgpu.barrier_wait(ready_ref.at[tile])
 
   def cluster_barrier(*, collective_axes, num_arrivals=1, num_barriers=1, **kwargs):
     del collective_axes, kwargs
@@ -231,7 +226,7 @@ def pair_stand_ins(plgpu):
       (mosaic_pair, "ready_barriers", ready_barriers),
       (mosaic_pair, "init_ready_barriers", lambda ready_ref: None),
       (mosaic_pair, "arrive_filled", arrive_filled),
-      (mosaic_pair, "copy_to_peer", lambda k_tile_ref, ready_ref, tile, rank, halves=(0, 1): None),
+      (mosaic_pair, "copy_to_peer", lambda k_tile_ref, ready_ref, tile, rank: None),
       (mosaic_pair, "wait_filled", wait_filled),
       (mosaic_pair, "cluster_sync", lambda: None),
       (plgpu, "ClusterBarrier", cluster_barrier),

@@ -138,16 +138,16 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
   (`plgpu.commit_smem`) and synchronizes before the tile is read. math: MATHS. clamp: indices
   are clamped into 0 .. N - 1 here (else the caller has).
 
-  pair: (rank, ready_ref, barrier) when two CTAs of a cluster share the block (mosaic.pair):
+  pair: (rank, ready_ref, tile) when two CTAs of a cluster share the block (mosaic.pair):
   this one (rank 0 or 1 in the cluster) loads rows 32 rank .. 32 rank + 31 only and writes
-  each into its own k_smem and, with st.async, into the same place of the peer's, whose ready
-  barrier `barrier` counts the PEER_BYTES that land there."""
+  each into its own k_smem and, with st.async, into the same place of the peer's, whose
+  barrier ready_ref[tile] counts the PEER_BYTES that land there."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if math not in MATHS:
     raise ValueError(f"math must be one of {MATHS}, got {math!r}")
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   arg_types = (read_only_ref_type(),) * 3 + (scalar, plgpu.RefType(k_tile_transforms()))
-  if pair is not None:  # rank, ready_ref, barrier
+  if pair is not None:  # rank, ready_ref, tile
     arg_types += (scalar, plgpu.RefType(), scalar)
 
   @plgpu.inline_mgpu(arg_types=arg_types)
@@ -155,8 +155,8 @@ def gather_dequantize(kv_ref, rope_ref, idx_ref, num_valid, k_smem, *, math="bf1
     del ctx
     peer = None
     if pair_args:
-      rank, ready, barrier = pair_args
-      peer = (rank.registers.flat[0], barrier_address(ready, barrier.registers.flat[0]))
+      rank, ready, tile = pair_args
+      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
     _emit_fill(kv, rope, valid_count.registers.flat[0], k, math, idx=idx, clamp=clamp,
                peer=peer, loads=K_LOAD_QUALIFIERS[peer is not None])
 
@@ -213,7 +213,7 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
 
 
 def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_valid, k_smem,
-                carried, *, clamp=False, rank=None, half=None):
+                carried, *, clamp=False, rank=None):
   """gather_dequantize of one block with its loads issued ahead: `carried` holds the loads of
   this block's first CARRIED_GROUPS[paired] row groups (gather_issue's, or the previous step's
   result); this converts every group of the block into k_smem, issuing each later group's
@@ -222,12 +222,7 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   So a lane's loads are in flight while it converts, instead of each block waiting for its
   own. With no next block pass next_num_valid 0 and any readable next_idx_ref (its first
   entry is read): its loads then read pool row 0. rank: gather_issue's; a pair's CTA stores its
-  half of the rows into its own tile only, and mosaic.pair.copy_to_peer sends them on.
-
-  half (paired only, where the block's every row group is carried in): 0 converts the tile's
-  first half (dims 0..255: fp8 lines 0 and 1) and issues nothing, returning None; 1 converts
-  the rest (lines 2 and 3, the RoPE) with the next block's loads, as the whole step does. So
-  the kernel can publish a half before the other is converted."""
+  half of the rows into its own tile only, and mosaic.pair.copy_to_peer sends them on."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   paired = rank is not None
@@ -237,12 +232,8 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
   if paired:
     arg_types += (scalar,)
   carried_groups = CARRIED_GROUPS[paired]
-  if half is not None and not (paired and carried_groups == groups_per_warp(paired)):
-    raise ValueError("gather_step converts a half alone only where the whole block is carried "
-                     "in (paired)")
 
-  @plgpu.inline_mgpu(arg_types=arg_types,
-                     return_type=None if half == 0 else carried_type(paired))
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=carried_type(paired))
   def step(ctx, kv, rope, idx, valid_count, next_idx, next_valid_count, k, loaded,
            *rank_arg):
     del ctx
@@ -252,13 +243,9 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
-    if half == 0:
-      for g, group_words in enumerate(queue):
-        emit.convert(g, count, group_words, half=0)
-      return None
     for action, arg in step_schedule(emit.groups, carried_groups, ISSUE_AFTER_CONVERT[paired]):
       if action == "convert":
-        emit.convert(arg, count, queue.pop(0), half=half)
+        emit.convert(arg, count, queue.pop(0))
       else:
         next_block, group = arg
         queue.append(emit.issue(group, next_count if next_block else count,
@@ -382,7 +369,7 @@ def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
   scalar = plgpu.Layout.WG_SPLAT(shape=())
   arg_types = (read_only_ref_type(), read_only_ref_type(), scalar,
                plgpu.RefType(k_tile_transforms()))
-  if pair is not None:  # rank, ready_ref, barrier
+  if pair is not None:  # rank, ready_ref, tile
     arg_types += (scalar, plgpu.RefType(), scalar)
 
   @plgpu.inline_mgpu(arg_types=arg_types)
@@ -390,8 +377,8 @@ def gather_float(kv_ref, idx_ref, num_valid, k_smem, *, clamp=False, pair=None):
     del ctx
     peer = None
     if pair_args:
-      rank, ready, barrier = pair_args
-      peer = (rank.registers.flat[0], barrier_address(ready, barrier.registers.flat[0]))
+      rank, ready, tile = pair_args
+      peer = (rank.registers.flat[0], barrier_address(ready, tile.registers.flat[0]))
     _emit_copy(kv, valid_count.registers.flat[0], k, dtype, idx=idx, clamp=clamp, peer=peer)
 
   fill(kv_ref, idx_ref, num_valid, k_smem, *(pair or ()))
@@ -544,31 +531,26 @@ class _FillEmitter:
       words += _load16(self.add(self.add(row_address, j * LINE), self.piece_bytes), self.loads)
     return words + _load16(self.add(rope_address, self.rope_bytes), self.loads)
 
-  def convert(self, group, valid_count, words, half=None):
+  def convert(self, group, valid_count, words):
     """Dequantizes and stores row group `group`'s loaded words (issue's), zeros for a row at or
-    past valid_count: into both halves of the tile, or only into half `half` (0: fp8 lines 0
-    and 1; 1: the others and the RoPE)."""
+    past valid_count."""
     arith = self.arith
     row = self.row(group)
     valid = arith.cmpi(arith.CmpIPredicate.slt, row, valid_count)
     scales, data, rope_words = words[:4], words[4:4 + 4 * FP8_LINES], words[4 + 4 * FP8_LINES:]
     for j in range(FP8_LINES):
-      if half is not None and j * LINE // HALF != half:
-        continue
       # Line j holds tiles 2 j and 2 j + 1 (scale word j); the piece is dims j * LINE + 16 piece.
       out = self._dequantize16(data[4 * j:4 * j + 4], self._tile_scale(scales, j), valid)
-      store_half, col = fp8_store_columns(_Int(self.piece), j)
+      half, col = fp8_store_columns(_Int(self.piece), j)
 
-      def store(out=out, store_half=store_half, col=col.value):
-        self._store(store_half, row, col, out[:4])
-        self._store(store_half, row, self.add(col, 8), out[4:])
+      def store(out=out, half=half, col=col.value):
+        self._store(half, row, col, out[:4])
+        self._store(half, row, self.add(col, 8), out[4:])
       if j == FP8_LINES - 1:
         with self.mgpu_utils.when(self.in_fp8):
           store()
       else:
         store()
-    if half == 0:
-      return
     col = self.add(arith.muli(self.rope_piece, self.c32(8)), ROPE_FIRST_COL)
     self._store(1, row, col, [arith.select(valid, x, self.zero) for x in rope_words])
 

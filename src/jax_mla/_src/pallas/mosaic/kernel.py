@@ -56,12 +56,6 @@ NUM_K_TILES = 2
 # 109.6 us at 64 heads B 128 K 2048, 61.5 against 66.1 at 16 x 4 B 64 K 2048; the paired kernel
 # lost 14% with them (226.7 against 198.8 at 128 heads B 128 K 2048).
 REGISTERS = {True: {0: 216, 1: 160, 2: 128}, False: {0: 192, 1: 160, 2: 152}}
-# Paired, a packed pool: the producer converts, sends and publishes each K tile's first half
-# (dims 0..255) before converting the second, and each half is freed by its last reader
-# (warpgroup 0's PV for the first; warpgroup 0's QK and warpgroup 1's PV for the second), so
-# warpgroup 0's QK starts on the first half while the second is converted. False: both halves
-# converted, then sent and published (the same barriers).
-PUBLISH_HALVES = True
 
 
 def region(name):
@@ -74,10 +68,9 @@ def region(name):
 def scratch_types(pair=False, cluster_merge=False):
   """The kernel's shared memory. Warpgroup 0 hands warpgroup 1 P (bf16, a wgmma operand) and
   the row factors each step, and its final m and l at the end. pair (mosaic.pair): K tiles are
-  filled by both CTAs of a cluster, so `ready` (PTX-driven barriers, one per half of each
-  tile) replaces k_full, and the frees count both CTAs' consumers, per half: k_free the first
-  (warpgroup 0's PV reads it last), k_free_hi the second (warpgroup 0's QK, warpgroup 1's PV).
-  cluster_merge (mosaic.cluster_merge): its lse and out tiles."""
+  filled by both CTAs of a cluster, so `ready` (PTX-driven barriers) replaces k_full, and
+  k_free counts both CTAs' consumers. cluster_merge (mosaic.cluster_merge): its lse and out
+  tiles."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   swizzled = mosaic_gather.k_tile_transforms()
   k_tiles = plgpu.SMEM((NUM_K_TILES, 2, BLOCK_KV, HALF), jnp.bfloat16, transforms=swizzled)
@@ -91,11 +84,9 @@ def scratch_types(pair=False, cluster_merge=False):
                  rows_smem=plgpu.SMEM((2, BLOCK_ROWS), jnp.float32),
                  ml_full=plgpu.Barrier(num_arrivals=1))
   if pair:
-    scratch.update(ready=mosaic_pair.ready_barriers(2 * NUM_K_TILES),
-                   k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=1,
-                                               num_barriers=NUM_K_TILES),
-                   k_free_hi=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
-                                                  num_barriers=NUM_K_TILES))
+    scratch.update(ready=mosaic_pair.ready_barriers(NUM_K_TILES),
+                   k_free=plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=2,
+                                               num_barriers=NUM_K_TILES))
   else:
     scratch.update(k_full=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_K_TILES),
                    k_free=plgpu.Barrier(num_arrivals=2, num_barriers=NUM_K_TILES))
@@ -105,8 +96,7 @@ def scratch_types(pair=False, cluster_merge=False):
 
 
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
-           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None,
-           k_free_hi=None, pair=False,
+           s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
            float_kv=(False, False), cluster_merge=False, lse_smem=None, out_smem=None):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
@@ -201,67 +191,44 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       first = (block0 + step) * BLOCK_KV
       return idx.at[pl.ds(start + first, BLOCK_KV)], jnp.clip(length - first, 0, BLOCK_KV)
 
-    def wait_free(step, halves=(0, 1)):
-      """Waits until the tile's `halves` are free (unpaired: the whole tile)."""
+    def wait_free(step):
       tile = lax.rem(step, NUM_K_TILES)
 
       @pl.when(step >= NUM_K_TILES)
       def _wait_free():
-        for half in halves if pair else (0,):
-          plgpu.barrier_wait((k_free_hi if half else k_free).at[tile])
-      return tile
+        plgpu.barrier_wait(k_free.at[tile])
+      return tile, ((rank, ready, tile) if pair else None)
 
-    def filled(tile, halves=(0, 1), packed=True):
-      """Publishes the tile's `halves` (unpaired: the whole tile). Paired, the rows this CTA
-      gathered go on to the peer's tile: a packed pool's by bulk copy, each half's bytes
-      counted on that half's barrier; a float pool's by st.async, all counted on the first's."""
-      if not pair:
+    def filled(tile, packed=True):
+      if pair:
+        if packed:  # the rows this CTA gathered, on to the peer's tile (float rows: st.async)
+          mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank)
+        mosaic_pair.arrive_filled(ready, tile)
+      else:
         plgpu.commit_smem()  # the stores, before wgmma reads the tile
         plgpu.barrier_arrive(k_full.at[tile])
-        return
-      if packed:
-        mosaic_pair.copy_to_peer(k_smem.at[tile], ready, tile, rank, halves=halves)
-      for half in halves:
-        peer_bytes = mosaic_gather.PEER_BYTES // 2 if packed else (
-            0 if half else mosaic_gather.PEER_BYTES)
-        mosaic_pair.arrive_filled(ready, mosaic_pair.ready_index(tile, half), peer_bytes)
 
     if rope is None:  # a float pool: its values, rounded to bf16
       @pl.loop(first_step, end)
       def _fill(step):
         with region("free_wait"):
-          tile = wait_free(step)
+          tile, pair_args = wait_free(step)
         with region("gather"):
           block_idx, num_valid = block(step)
-          mosaic_gather.gather_float(
-              kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
-              pair=(rank, ready, mosaic_pair.ready_index(tile, 0)) if pair else None)
+          mosaic_gather.gather_float(kv, block_idx, num_valid, k_smem.at[tile], clamp=True,
+                                     pair=pair_args)
           filled(tile, packed=False)
       return
 
     def fill_step(step, carried):
-      has_next = step + 1 < end
-      next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
-      gather_args = (kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0))
-      if pair and PUBLISH_HALVES:
-        with region("free_wait"):
-          tile = wait_free(step, halves=(0,))
-        with region("gather"):
-          mosaic_gather.gather_step(*gather_args, k_smem.at[tile], carried, clamp=True,
-                                    rank=rank, half=0)
-          filled(tile, halves=(0,))
-        with region("free_wait"):
-          wait_free(step, halves=(1,))
-        with region("gather"):
-          carried = mosaic_gather.gather_step(*gather_args, k_smem.at[tile], carried,
-                                              clamp=True, rank=rank, half=1)
-          filled(tile, halves=(1,))
-        return carried
       with region("free_wait"):
-        tile = wait_free(step)
+        tile, pair_args = wait_free(step)
       with region("gather"):
-        carried = mosaic_gather.gather_step(*gather_args, k_smem.at[tile], carried, clamp=True,
-                                            rank=rank if pair else None)
+        has_next = step + 1 < end
+        next_idx, next_valid = block(jnp.where(has_next, step + 1, step))
+        carried = mosaic_gather.gather_step(
+            kv, rope, *block(step), next_idx, jnp.where(has_next, next_valid, 0),
+            k_smem.at[tile], carried, clamp=True, rank=rank if pair else None)
         filled(tile)
       return carried
 
@@ -286,15 +253,12 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
 
   wgmma_layout = plgpu.Layout.WGMMA
 
-  def wait_filled(step, half=None):
-    """Waits until K tile step % 2 holds block `step`: with pair, in its half `half` (both
-    halves for None); unpaired, the whole tile, once (half None or 0)."""
+  def wait_filled(step):
+    """Waits until K tile step % 2 holds block `step` (both halves of it, with pair)."""
     tile = lax.rem(step, NUM_K_TILES)
-    if pair:  # the tile's use number step // 2 is its barriers' phase
-      for h in (0, 1) if half is None else (half,):
-        mosaic_pair.wait_filled(ready, mosaic_pair.ready_index(tile, h),
-                                lax.rem(lax.div(step, NUM_K_TILES), 2))
-    elif not half:
+    if pair:  # the tile's use number step // 2 is its barrier's phase
+      mosaic_pair.wait_filled(ready, tile, lax.rem(lax.div(step, NUM_K_TILES), 2))
+    else:
       plgpu.barrier_wait(k_full.at[tile])
 
   def write_half(acc, m_i, l_i, half):
@@ -310,24 +274,9 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
                                   num_splits=num_splits, sink_ref=sink_ref, out_ref=out_ref,
                                   lse_ref=lse_ref, heads=heads, stage_smem=q_smem.at[half])
 
-  def qk(step, tile):
-    """S = Q K^T over the tile's two halves of dims. Halves published apart (pair and
-    PUBLISH_HALVES): the first half's MMAs, then the wait for the second, then its MMAs
-    accumulating on the first's result, as two chains: a barrier's wait loop between the MMAs
-    of one chain made ptxas fence them (C7519) and spill."""
-    def first(acc_ref):
-      plgpu.wgmma(acc_ref, q_smem.at[0], k_smem.at[tile, 0].T)
-      if not (pair and PUBLISH_HALVES):
-        plgpu.wgmma(acc_ref, q_smem.at[1], k_smem.at[tile, 1].T)
-      return acc_ref[...]
-    s = pl.run_scoped(first, s_accumulator)
-    if not (pair and PUBLISH_HALVES):
-      return s
-    wait_filled(step, 1)
-
-    def second(acc_ref):
-      plgpu.wgmma(acc_ref, q_smem.at[1], k_smem.at[tile, 1].T)
-    return pl.run_state(second)(plgpu.ACC.init(s))
+  def issue_qk(acc_ref, tile):
+    for h in range(2):
+      plgpu.wgmma(acc_ref, q_smem.at[h], k_smem.at[tile, h].T)
 
   s_accumulator = plgpu.ACC((BLOCK_ROWS, BLOCK_KV), jnp.float32)
 
@@ -359,11 +308,13 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       acc, m_i, l_i = carry
       tile = lax.rem(i, NUM_K_TILES)
       with region("tile_wait"):
-        wait_filled(i, 0 if PUBLISH_HALVES else None)
+        wait_filled(i)
+
+      def qk(acc_ref):
+        issue_qk(acc_ref, tile)
+        return acc_ref[...]
       with region("qk"):
-        s = qk(i, tile)
-      if pair:  # warpgroup 0 is done with the tile's second half
-        plgpu.barrier_arrive(k_free_hi.at[tile])
+        s = pl.run_scoped(qk, s_accumulator)
       acc, m_i, l_i = softmax_and_pv(i, s, tile, acc, m_i, l_i)
       plgpu.barrier_arrive(k_free.at[tile])  # warpgroup 0's MMAs on the tile are done
       return acc, m_i, l_i
@@ -390,7 +341,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
       tile = lax.rem(i, NUM_K_TILES)
       with region("p_wait"):
         if pair:  # complete already (warpgroup 0 waited before publishing P); observed here
-          # too, so that this warpgroup's wgmma reads of the peer's bytes follow them
+          # too, so that this warpgroup's wgmma reads of the peer's st.async bytes follow it
           wait_filled(i)
         plgpu.barrier_wait(s_full)
       with region("pv"):
@@ -398,7 +349,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
         acc = mosaic_consumer.accumulate_pv(mosaic_consumer.rescale(acc, alpha), p_smem,
                                             k_smem, (tile, 1))
       plgpu.barrier_arrive(s_free)  # P and the factors may be replaced
-      plgpu.barrier_arrive((k_free_hi if pair else k_free).at[tile])
+      plgpu.barrier_arrive(k_free.at[tile])
       return acc
 
     acc = lax.fori_loop(0, steps, step, mosaic_consumer.initial_state()[0])

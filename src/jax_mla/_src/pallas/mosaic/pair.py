@@ -11,10 +11,8 @@ producer has stored its rows locally), a float pool's by `st.async` (mosaic.gath
 each thread's 16-byte stores, once locally and once into the peer). Either counts its bytes
 on an mbarrier of the receiving CTA, as a TMA copy does. Pallas does not expose its barriers'
 addresses to inline PTX, so those "ready" barriers live in a plain int32 SMEM scratch
-(ready_barriers) and are driven here in PTX: per half of each K tile one barrier that
-completes when this CTA's 128 producer threads have arrived and the peer's bytes of that half
-have landed (a float pool's st.async counts all PEER_BYTES on the first half's barrier), so
-the consumers can start QK on a tile's first half while the second is converted.
+(ready_barriers) and are driven here in PTX: per K tile one barrier that completes when this
+CTA's 128 producer threads have arrived and the peer's PEER_BYTES have landed.
 
 The bulk copy took the paired kernel from 175.9 to 158.4 us at 128 heads, B 128, K 2048 and
 from 28.9 to 26.4 at B 64, K 512 (H100, 2026-12-05, benchmarks/README.md): an ncu source view
@@ -34,15 +32,10 @@ import jax.numpy as jnp
 from jax_mla._src.pallas.mosaic.gather import BLOCK_ROWS, HALF, PEER_BYTES, barrier_address
 
 
-def ready_barriers(num_barriers):
-  """The scratch type of `num_barriers` ready barriers: 8-byte mbarriers (two int32 each)."""
+def ready_barriers(num_tiles):
+  """The scratch type of the ready barriers: one 8-byte mbarrier (two int32) per K tile."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  return plgpu.SMEM((2 * num_barriers,), jnp.int32)
-
-
-def ready_index(tile, half):
-  """The ready barrier of K tile `tile`'s half `half` (ints or traced int32 alike)."""
-  return tile * 2 + half
+  return plgpu.SMEM((2 * num_tiles,), jnp.int32)
 
 
 def _ir():
@@ -77,8 +70,8 @@ def init_ready_barriers(ready_ref):
     mgpu_utils, ir, arith, _ = _ir()
     i32 = ir.IntegerType.get_signless(32)
     first = arith.cmpi(arith.CmpIPredicate.eq, _thread_in_block(), mgpu_utils.c(0, i32))
-    for index in range(ir.MemRefType(ready.type).shape[0] // 2):
-      _void_asm([first, barrier_address(ready, mgpu_utils.c(index, i32))],
+    for tile in range(ir.MemRefType(ready.type).shape[0] // 2):
+      _void_asm([first, barrier_address(ready, mgpu_utils.c(tile, i32))],
                 "@$0 mbarrier.init.shared::cta.b64 [$1], 128;", "b,r")
     _void_asm([], "fence.mbarrier_init.release.cluster;", "")
     _cluster_barrier()
@@ -113,12 +106,11 @@ def sent_range(rank, half):
   return half * BLOCK_ROWS * HALF * 2 + rank * size, size
 
 
-def copy_to_peer(k_tile_ref, ready_ref, tile, rank, halves=(0, 1)):
-  """Called by the producer warpgroup after its local stores into `halves` of K tile `tile`
-  (a packed pool's); once every thread's stores are fenced for the async proxy, thread 0
-  copies this CTA's rows of each of those halves (sent_range) into the same place of the
-  peer's tile, the bytes counted on the peer's ready barrier of that half (ready_index), as
-  st.async's are."""
+def copy_to_peer(k_tile_ref, ready_ref, tile, rank):
+  """Called by the producer warpgroup after its local stores of K tile `tile` (a packed pool's);
+  once every thread's stores are fenced for the async proxy, thread 0 copies this CTA's rows
+  (sent_range, each half of the tile) into the same place of the peer's tile, the bytes
+  counted on the peer's ready barrier of that tile (as st.async's are)."""
   # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax_mla._src.pallas.mosaic.gather import _Int, _peer_window, k_tile_transforms
@@ -132,14 +124,13 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank, halves=(0, 1)):
     i32 = ir.IntegerType.get_signless(32)
     k_base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(k))
     rank_value = rank_.registers.flat[0]
-    tile_value = tile_.registers.flat[0]
+    offset, peer_barrier = _peer_window(k_base, rank_value,
+                                        barrier_address(ready, tile_.registers.flat[0]))
     _void_asm([], "fence.proxy.async.shared::cta;", "")
     mgpu_utils.warpgroup_barrier()
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
-    for h in halves:
-      index = ready_index(_Int(tile_value), h).value
-      offset, peer_barrier = _peer_window(k_base, rank_value, barrier_address(ready, index))
+    for h in range(2):
       start, size = sent_range(_Int(rank_value), h)
       source = arith.addi(k_base, start.value)
       _void_asm([first, arith.addi(source, offset), source, mgpu_utils.c(size, i32),
@@ -150,44 +141,44 @@ def copy_to_peer(k_tile_ref, ready_ref, tile, rank, halves=(0, 1)):
   send(k_tile_ref, ready_ref, tile, rank)
 
 
-def arrive_filled(ready_ref, barrier, peer_bytes=PEER_BYTES):
-  """Called by the producer warpgroup after its stores that ready barrier `barrier` publishes:
-  each thread fences its stores for the async proxy (wgmma) and arrives; thread 0's arrival
-  also expects the peer_bytes the peer delivers there (its bulk copy or its st.async)."""
+def arrive_filled(ready_ref, tile):
+  """Called by the producer warpgroup after its gather into K tile `tile`: each thread fences
+  its stores for the async proxy (wgmma) and arrives; thread 0's arrival also expects the
+  PEER_BYTES the peer delivers (its bulk copy or its st.async)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT(shape=())))
-  def arrive(ctx, ready, barrier_):
+  def arrive(ctx, ready, tile_):
     del ctx
     mgpu_utils, ir, arith, _ = _ir()
     i32 = ir.IntegerType.get_signless(32)
-    address = barrier_address(ready, barrier_.registers.flat[0])
+    address = barrier_address(ready, tile_.registers.flat[0])
     lane = arith.remui(_thread_in_block(), mgpu_utils.c(128, i32))
     first = arith.cmpi(arith.CmpIPredicate.eq, lane, mgpu_utils.c(0, i32))
     _void_asm([], "fence.proxy.async.shared::cta;", "")
-    _void_asm([first, address, mgpu_utils.c(peer_bytes, i32)],
+    _void_asm([first, address, mgpu_utils.c(PEER_BYTES, i32)],
               "{\n\t.reg .pred rest;\n\t.reg .b64 state;\n\tnot.pred rest, $0;\n\t"
               "@$0 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [$1], $2;\n\t"
               "@rest mbarrier.arrive.release.cta.shared::cta.b64 state, [$1];\n\t}", "b,r,r")
 
-  arrive(ready_ref, barrier)
+  arrive(ready_ref, tile)
 
 
-def wait_filled(ready_ref, barrier, parity):
-  """Waits (every thread of the calling warpgroup) until ready barrier `barrier`'s phase of
-  parity `parity` (0 or 1, int32) has completed: what it publishes holds this block."""
+def wait_filled(ready_ref, tile, parity):
+  """Waits (every thread of the calling warpgroup) until K tile `tile` holds both halves of
+  its block: the barrier's phase of parity `parity` (0 or 1, int32) has completed."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
 
   scalar = plgpu.Layout.WG_SPLAT(shape=())
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), scalar, scalar))
-  def wait(ctx, ready, barrier_, parity_):
+  def wait(ctx, ready, tile_, parity_):
     del ctx
     # pylint: disable=import-outside-toplevel
     from jaxlib.mlir.dialects import scf
     mgpu_utils, ir, arith, llvm = _ir()
     i32 = ir.IntegerType.get_signless(32)
-    address = barrier_address(ready, barrier_.registers.flat[0])
+    address = barrier_address(ready, tile_.registers.flat[0])
     parity_value = parity_.registers.flat[0]
     loop = scf.WhileOp([], [])
     before = loop.before.blocks.append()
@@ -202,4 +193,4 @@ def wait_filled(ready_ref, barrier, parity):
     with ir.InsertionPoint(after):
       scf.YieldOp([])
 
-  wait(ready_ref, barrier, parity)
+  wait(ready_ref, tile, parity)
