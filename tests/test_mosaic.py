@@ -117,10 +117,9 @@ def check_against_oracle(batch, out, lse):
 
 # (heads, tokens, lengths, splits): 128 heads pair their CTAs, 64 and 16 x 4 do not; 40 splits
 # take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none; 32 heads
-# fill half a row block, whose output (or split partials) the kernel writes without the
-# padding rows.
+# fill half a row block, whose output the kernel writes without the padding rows.
 SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
-          (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1), (32, 1, [300, 2], 3)]
+          (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1)]
 FEW_ROWS_DEFAULT = pallas_merge.KERNEL_MERGE_MAX_ROWS
 
 
@@ -205,9 +204,7 @@ def test_cluster_merge_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq,
     patch.setattr(md, "CLUSTER_MERGE_SPLITS", ())
     partials = export_for(without, "cuda", *abstract_args(batch),
                           custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
-  # One row block's partials hold its real rows (md.PARTIALS_REAL_ROWS: 32 at 32 heads).
-  part_rows = min(num_heads * tokens_per_seq, 64) if md.PARTIALS_REAL_ROWS else 64
-  assert f"tensor<{num_seqs}x{splits}x{part_rows}x512xbf16>" in partials
+  assert f"tensor<{num_seqs}x{splits}x64x512xbf16>" in partials
 
 
 @pytest.mark.parametrize("mode,num_heads,tokens_per_seq,lengths,splits",
