@@ -117,9 +117,10 @@ def check_against_oracle(batch, out, lse):
 
 # (heads, tokens, lengths, splits): 128 heads pair their CTAs, 64 and 16 x 4 do not; 40 splits
 # take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none; 32 heads
-# fill half a row block, whose output the kernel writes without the padding rows.
+# fill half a row block, whose output the kernel writes without the padding rows (with 3 splits:
+# split partials, padding rows included, merged by XLA).
 SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
-          (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1)]
+          (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1), (32, 1, [300, 2], 3)]
 FEW_ROWS_DEFAULT = pallas_merge.KERNEL_MERGE_MAX_ROWS
 
 
