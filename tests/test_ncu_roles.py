@@ -49,6 +49,31 @@ def test_roles_split_at_setmaxnreg_and_sum_their_stalls(tmp_path):
   assert "setmaxnreg 128: 10 samples (19% of the kernel's); long_sb 50%, selected 50%" in text
 
 
+def test_retry_loops_after_the_last_exit_and_unsampled_roles_are_named(tmp_path):
+  """The rows after the listing's last EXIT are a range of their own, and a role that executed
+  instructions without a sample is reported as such rather than left out."""
+  text = io.StringIO()
+  writer = csv.writer(text)
+  writer.writerow(["Kernel Name", "anonymous_mosaic_gpu_kernel"])
+  writer.writerow(HEADER + [ncu_roles.EXECUTED])
+  for i, (source, samples, executed) in enumerate([
+      ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xc0", 0, 4), ("HGMMA.64x64x16.F32.BF16 R1", 6, 8),
+      ("EXIT", 0, 4), ("USETMAXREG.DEALLOC.CTAPOOL 0x98", 0, 4),
+      ("LDG.E.128.CONSTANT R28, desc[UR14][R14.64]", 0, "1,200"), ("EXIT", 0, 4),
+      ("@!P1 NANOSLEEP.SYNCS 0x989680", 9, 30), ("@!P1 BRA 0x7f00", 1, 30)]):
+    writer.writerow([hex(i), source, samples, samples, 0, 0, executed])
+  path = tmp_path / "e.csv"
+  path.write_text(text.getvalue())
+  rows = ncu_roles.read_rows(str(path))
+  split = ncu_roles.roles(rows)
+  assert [(label, len(part)) for label, part in split] == [
+      ("prologue", 0), ("setmaxnreg 192", 3), ("setmaxnreg 152", 3),
+      (ncu_roles.AFTER_EXIT, 2)]
+  summary = ncu_roles.summary(rows)
+  assert ("setmaxnreg 152: no samples, though it executed 1208 warp instructions" in summary)
+  assert f"{ncu_roles.AFTER_EXIT}: 10 samples (62% of the kernel's)" in summary
+
+
 def test_shared_wavefronts_by_opcode_without_predicates_or_modifiers(tmp_path):
   path = tmp_path / "w.csv"
   rows = [("HGMMA.64x64x16.F32.BF16 R152, gdesc[UR4], R152", "1,024", "8,192"),
