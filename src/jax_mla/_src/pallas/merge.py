@@ -141,8 +141,10 @@ def finish(results, num_splits, sink, *, rows, num_tokens, num_heads, merge: str
   elif merge == "kernel":
     out, lse = merge_kernel(*results, sink, rows=rows, heads=num_heads, interpret=interpret)
   else:
-    sink_rows = pallas_plan.sink_rows(sink, rows // num_heads, results[0].shape[2])
-    out, lse = merge_partials(*results, sink_rows)
+    parts, part_lse = results
+    # The partials may hold only the real rows of a row block whose lse has its padding.
+    sink_rows = pallas_plan.sink_rows(sink, rows // num_heads, parts.shape[2])
+    out, lse = merge_partials(parts, part_lse[:, :, :parts.shape[2]], sink_rows)
   out = out[:, :rows]
   return (out.reshape(num_tokens, num_heads, out.shape[-1]),
           lse[:, :rows].reshape(num_tokens, num_heads))

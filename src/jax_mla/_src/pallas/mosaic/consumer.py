@@ -215,7 +215,10 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
           (seq, pl.ds(row0, valid), cols), valid)
     lse_at = (seq, rows)
   else:
-    store(normalized(acc, l_i, seen).astype(out_ref.dtype), (seq, split, rows, cols))
+    # Partials of one row block may hold only its real rows (decode.PARTIALS_REAL_ROWS).
+    valid = min(out_ref.shape[2], BLOCK_ROWS)
+    store(normalized(acc, l_i, seen).astype(out_ref.dtype),
+          (seq, split, pl.ds(row0, valid), cols), valid)
     lse_at, lse = (seq, split, rows), lse2 * LN2
 
   def write_lse():

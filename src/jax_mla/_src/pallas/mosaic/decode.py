@@ -58,6 +58,13 @@ APPROX_MATH = True
 # (32 heads, K 2048); 4 splits (B 32) lost, 33.4 against 17.0 us at 16 x 4: 32 clusters of
 # four 223 KB CTAs do not fit the H100's 132 SMs in one wave.
 CLUSTER_MERGE_SPLITS = (2,)
+# Unpaired splits of at most SHORT_SPLIT_BLOCKS blocks (the static length hint) run with these
+# registers per role instead of kernel.REGISTERS[False]. Off until measured.
+SHORT_SPLIT_REGISTERS = None
+SHORT_SPLIT_BLOCKS = 4
+# With one row block of fewer real rows (32 heads: 32 of 64) the split partials hold only the
+# real rows too, so the kernel writes (and the merge reads) no padding. Off until measured.
+PARTIALS_REAL_ROWS = False
 
 
 def _plgpu():
@@ -118,10 +125,14 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
   elif cluster_merge:  # a sequence's splits are one cluster
     grid.update(grid=(num_seqs, row_blocks), grid_names=("seq", "rows"), cluster=(splits,),
                 cluster_names=("split",))
+  blocks_per_split = -(-num_indices // max(num_seqs, 1) // splits // BLOCK_KV)
+  if not pair and SHORT_SPLIT_REGISTERS and blocks_per_split <= SHORT_SPLIT_BLOCKS:
+    options["registers"] = SHORT_SPLIT_REGISTERS
   scratch = mosaic_direct.scratch_types(pair=pair, cluster_merge=cluster_merge)
   kernel = functools.partial(mosaic_direct.kernel, num_splits=splits, rows=rows,
                              heads=num_heads, pair=pair, cluster_merge=cluster_merge, **options)
   results_splits = 1 if cluster_merge else splits
+  real_rows = rows if row_blocks == 1 else padded_rows
   results = plgpu.kernel(
       # The split partials are bf16 (each rounded to bf16 before pallas.merge sums them in
       # f32; on random data of 8 splits the output's norm-wise error grows from 1.7e-3, its
@@ -132,9 +143,9 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # With one row block the output has only the real rows (32 heads: 32 of 64); the kernel
       # writes those, so no XLA copy slices the padding off after it (H100, 2026-12-05: 30.5
       # against 37.6 us at 32 heads B 128 K 512).
-      kernel, out_type=pallas_plan.result_types(num_seqs, results_splits, padded_rows,
-                                                jnp.bfloat16,
-                                                rows if row_blocks == 1 else padded_rows),
+      kernel, out_type=pallas_plan.result_types(
+          num_seqs, results_splits, padded_rows, jnp.bfloat16, real_rows,
+          real_rows if PARTIALS_REAL_ROWS else None),
       scratch_types=scratch,
       # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
       # kernel's stores are published by commit_smem before the barrier arrival that hands

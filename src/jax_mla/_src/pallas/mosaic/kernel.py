@@ -98,7 +98,8 @@ def scratch_types(pair=False, cluster_merge=False):
 def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits, rows, heads,
            s_full, s_free, p_smem, rows_smem, ml_full, k_full=None, ready=None, pair=False,
            score_scale_log2=SCORE_SCALE_LOG2, two_sources=False, float_q=False,
-           float_kv=(False, False), cluster_merge=False, lse_smem=None, out_smem=None):
+           float_kv=(False, False), cluster_merge=False, lse_smem=None, out_smem=None,
+           registers=None):
   """q_ref: the packed fp8 Q as rows [T * H, 512] uint8, followed in refs by its RoPE q_rope_ref
   [T * H, 64] bf16; or (float_q) Q's values [T * H, 512] bf16 or f32, without a RoPE ref.
   refs then: the pool, its RoPE, the sink f32 [heads]; with two_sources the second source's
@@ -129,7 +130,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
   halve what the kernel writes and the merge reads (mosaic.decode has the figures).
   cluster_merge (mosaic.cluster_merge): the grid's cluster axis "split" holds the sequence's
   splits, which merge their partials through distributed shared memory and write the final
-  out and lse instead."""
+  out and lse instead. registers: the setmaxnreg per role, REGISTERS[pair] unless given."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   if float_q:
     q_rope_ref = None
@@ -177,7 +178,7 @@ def kernel(indptr_ref, idx_ref, q_ref, *refs, q_smem, k_smem, k_free, num_splits
     # setmaxnreg.dec to more than the launch's share (or .inc to less) is an illegal
     # instruction.
     share = mosaic_consumer.LAUNCH_REGISTERS // 3
-    count = REGISTERS[pair][role]
+    count = (registers or REGISTERS[pair])[role]
     plgpu.set_max_registers(count, action="increase" if count > share else "decrease")
 
   def fill(idx, kv, rope, start, length, block0, first_step, end):
