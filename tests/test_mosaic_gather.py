@@ -131,20 +131,6 @@ def test_work_split_stores_and_loads_without_conflicts(rank):
     assert per_row == {r: set(range(8)) for r in range(4)}
 
 
-@pytest.mark.parametrize("paired", [False, True])
-def test_prefetch_lanes_cover_each_row_of_the_warp_once(paired):
-  """The L2 prefetch (gather.L2_PREFETCH) names every packed row and every RoPE row a warp
-  fills exactly once, and nothing else."""
-  named = []
-  for lane in range(32):
-    group, row_in_group, part = mg.prefetch_work(lane, paired)
-    if part < 2:
-      named.append((group, row_in_group, part))
-  groups = mg.groups_per_warp(paired)
-  assert sorted(named) == sorted(itertools.product(range(groups), range(mg.ROWS_PER_LOAD),
-                                                   range(2)))
-
-
 @pytest.mark.parametrize("math", mg.MATHS)
 def test_lowers_for_cuda_on_any_machine(math):
   args = (jax.ShapeDtypeStruct((POOL, layout.ROW_BYTES), jnp.uint8),

@@ -72,15 +72,6 @@ ISSUE_AFTER_CONVERT = {True: True, False: False}
 # K 2048). Unpaired it lost (107.6 against 102.3 at 64 heads, B 128, K 2048), and so did Q's
 # loads (26.5 against 26.1 at 128 heads, B 64, K 512); neither investigated.
 K_LOAD_QUALIFIERS = {True: ".L1::no_allocate", False: ""}
-# Whether the pipelined producer prefetches rows into L2 ahead of their loads (paired /
-# unpaired): gather_issue the first block's rows that it does not load, each gather_step the
-# next block's, after its first conversion. The unpaired producer issues half of a block's loads
-# only one conversion before it needs them. PREFETCH_FORM "bulk": one
-# `cp.async.bulk.prefetch.L2` per row and per RoPE row (lost 8-35% unpaired on the H200,
-# 2026-12-07, benchmarks/README.md's tried table); "lines": one `prefetch.global.L2` per
-# 128-byte line. Off until measured (the A/B sets these).
-L2_PREFETCH = {True: False, False: False}
-PREFETCH_FORM = "lines"
 ROPE_FIRST_COL = layout.NOPE_DIM - HALF  # the RoPE's first column in the tile's second half
 # "bf16" (gather_dequantize's default, the kernel's): fp8 -> f16 -> f32 -> bf16, then times the
 # tile scale in bf16x2: two multiplies per four values. "f32" (Q's, once per CTA): times the
@@ -127,16 +118,6 @@ def block_row(warp, group, row_in_group, rank=None):
   if rank is None:
     return warp * (BLOCK_ROWS // 4) + group * ROWS_PER_LOAD + row_in_group
   return rank * (BLOCK_ROWS // 2) + warp * (BLOCK_ROWS // 8) + group * ROWS_PER_LOAD + row_in_group
-
-
-def prefetch_work(lane, paired):
-  """What lane 0..31 of a warp prefetches (gather's L2_PREFETCH): (the row group and row in
-  group, lane_work's numbering, of one of the warp's rows, whether its RoPE row rather than
-  its packed row, whether it prefetches at all). A Python int (tests) or an _Int alike: the
-  warp's S = 4 groups_per_warp rows take lanes 0 .. S - 1 (packed) and S .. 2 S - 1 (RoPE)."""
-  slots = groups_per_warp(paired) * ROWS_PER_LOAD
-  slot = lane % slots
-  return slot // ROWS_PER_LOAD, slot % ROWS_PER_LOAD, lane // slots
 
 
 def groups_per_warp(paired):
@@ -225,12 +206,8 @@ def gather_issue(kv_ref, rope_ref, idx_ref, num_valid, *, clamp=False, rank=None
                         peer=(rank_arg[0].registers.flat[0], None) if rank_arg else None,
                         loads=K_LOAD_QUALIFIERS[paired])
     count = valid_count.registers.flat[0]
-    words = [w for g in range(CARRIED_GROUPS[paired])
-             for w in emit.issue(g, count, idx=idx, clamp=clamp)]
-    if L2_PREFETCH[paired]:  # the groups the first step loads
-      emit.prefetch(emit.prefetch_targets(count, idx=idx, clamp=clamp,
-                                          first_group=CARRIED_GROUPS[paired]))
-    return _pack_carried(words, paired)
+    return _pack_carried([w for g in range(CARRIED_GROUPS[paired])
+                          for w in emit.issue(g, count, idx=idx, clamp=clamp)], paired)
 
   return issue(kv_ref, rope_ref, idx_ref, num_valid, *(() if rank is None else (rank,)))
 
@@ -266,16 +243,9 @@ def gather_step(kv_ref, rope_ref, idx_ref, num_valid, next_idx_ref, next_num_val
     count, next_count = valid_count.registers.flat[0], next_valid_count.registers.flat[0]
     words = _unpack_carried(loaded)
     queue = [words[g * WORDS_PER_GROUP:(g + 1) * WORDS_PER_GROUP] for g in range(carried_groups)]
-    # The next block's rows: their index entries read now, the prefetches issued after the
-    # first conversion, so that no prefetch waits on its entry.
-    ahead = (emit.prefetch_targets(next_count, idx=next_idx, clamp=clamp)
-             if L2_PREFETCH[paired] else None)
     for action, arg in step_schedule(emit.groups, carried_groups, ISSUE_AFTER_CONVERT[paired]):
       if action == "convert":
         emit.convert(arg, count, queue.pop(0))
-        if ahead is not None:
-          emit.prefetch(ahead)
-          ahead = None
       else:
         next_block, group = arg
         queue.append(emit.issue(group, next_count if next_block else count,
@@ -560,46 +530,6 @@ class _FillEmitter:
     for j in range(FP8_LINES):
       words += _load16(self.add(self.add(row_address, j * LINE), self.piece_bytes), self.loads)
     return words + _load16(self.add(rope_address, self.rope_bytes), self.loads)
-
-  def prefetch_targets(self, valid_count, *, idx, clamp=False, first_group=0):
-    """(predicate, global address, bytes) of the L2 prefetch this lane issues (prefetch_work:
-    a packed row, 512 bytes, or a RoPE row, 128) for rows idx[r], r < valid_count, of the
-    block's row groups first_group.. that its warp fills. Reads the lane's index entry;
-    `prefetch` issues it."""
-    from jaxlib.mlir.dialects import gpu  # pylint: disable=import-outside-toplevel
-    arith, c32 = self.arith, self.c32
-    lane = arith.remui(arith.index_cast(self.i32, gpu.thread_id(gpu.Dimension.x)), c32(32))
-    group, row_in_group, part = prefetch_work(_Int(lane), self.rank is not None)
-    row = block_row(_Int(self.warp), group, row_in_group,
-                    None if self.rank is None else _Int(self.rank)).value
-    is_rope = arith.cmpi(arith.CmpIPredicate.eq, part.value, c32(1))
-    valid = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, row, valid_count),
-                       arith.andi(arith.cmpi(arith.CmpIPredicate.ult, part.value, c32(2)),
-                                  arith.cmpi(arith.CmpIPredicate.uge, group.value,
-                                             c32(first_group))))
-    entry = _listed_entry(idx, row, valid, self.zero, self.kv if clamp else None)
-    i64 = lambda v: self.mgpu_utils.c(v, self.i64)
-    address = arith.select(
-        is_rope, self.add(self.rope_base, arith.muli(entry, i64(2 * layout.ROPE_DIM))),
-        self.add(self.kv_base, arith.muli(entry, i64(layout.ROW_BYTES))))
-    size = arith.select(is_rope, c32(2 * layout.ROPE_DIM), c32(layout.ROW_BYTES))
-    return valid, address, size
-
-  def prefetch(self, targets):
-    """Issues prefetch_targets' L2 prefetch (asynchronous: nothing waits for it)."""
-    # pylint: disable=import-outside-toplevel
-    from jaxlib.mlir import ir
-    valid, address, size = targets
-    if PREFETCH_FORM == "bulk":
-      self.llvm.inline_asm(ir.Type.parse("!llvm.void"), [valid, address, size],
-                           "@$0 cp.async.bulk.prefetch.L2.global [$1], $2;", "b,l,r",
-                           has_side_effects=True)
-      return
-    arith = self.arith
-    for line in range(layout.ROW_BYTES // LINE):
-      wanted = arith.andi(valid, arith.cmpi(arith.CmpIPredicate.ult, self.c32(line * LINE), size))
-      self.llvm.inline_asm(ir.Type.parse("!llvm.void"), [wanted, self.add(address, line * LINE)],
-                           "@$0 prefetch.global.L2 [$1];", "b,l", has_side_effects=True)
 
   def convert(self, group, valid_count, words):
     """Dequantizes and stores row group `group`'s loaded words (issue's), zeros for a row at or
