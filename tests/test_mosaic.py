@@ -117,8 +117,8 @@ def check_against_oracle(batch, out, lse):
 
 # (heads, tokens, lengths, splits): 128 heads pair their CTAs, 64 and 16 x 4 do not; 40 splits
 # take the merge kernel (pallas.merge.KERNEL_MERGE_MIN_SPLITS), 3 XLA's merge, 1 none; 32 heads
-# fill half a row block, whose output the kernel writes without the padding rows (with 3 splits:
-# split partials, padding rows included, merged by XLA).
+# fill half a row block, whose output (with 3 splits: split partials, merged by XLA from those
+# 32 rows and an lse with its padding) the kernel writes without the padding rows.
 SHAPES = [(16, 4, [5, 0, 150, 1], 1), (64, 1, [300, 2], 3), (128, 1, [5, 0, 150, 1], None),
           (128, 1, [300, 0, 2500], 40), (32, 1, [5, 0, 150, 1], 1), (32, 1, [300, 2], 3)]
 FEW_ROWS_DEFAULT = pallas_merge.KERNEL_MERGE_MAX_ROWS
@@ -205,8 +205,8 @@ def test_cluster_merge_lowers_for_cuda_on_any_machine(num_heads, tokens_per_seq,
     patch.setattr(md, "CLUSTER_MERGE_SPLITS", ())
     partials = export_for(without, "cuda", *abstract_args(batch),
                           custom_calls=["mosaic_gpu_v2", "__gpu$xla.gpu.triton"]).mlir_module()
-  # One row block's partials hold its real rows (md.PARTIALS_REAL_ROWS: 32 at 32 heads).
-  part_rows = min(num_heads * tokens_per_seq, 64) if md.PARTIALS_REAL_ROWS else 64
+  # One row block's partials hold only its real rows (32 at 32 heads).
+  part_rows = min(num_heads * tokens_per_seq, 64)
   assert f"tensor<{num_seqs}x{splits}x{part_rows}x512xbf16>" in partials
 
 

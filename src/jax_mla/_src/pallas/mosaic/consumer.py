@@ -215,7 +215,7 @@ def write_results(acc, m_i, l_i, *, half, seq, row0, split, num_splits, sink_ref
           (seq, pl.ds(row0, valid), cols), valid)
     lse_at = (seq, rows)
   else:
-    # Partials of one row block may hold only its real rows (decode.PARTIALS_REAL_ROWS).
+    # Partials of one row block hold only its real rows, as the output does.
     valid = min(out_ref.shape[2], BLOCK_ROWS)
     store(normalized(acc, l_i, seen).astype(out_ref.dtype),
           (seq, split, pl.ds(row0, valid), cols), valid)

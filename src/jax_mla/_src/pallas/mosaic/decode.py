@@ -59,12 +59,12 @@ APPROX_MATH = True
 # four 223 KB CTAs do not fit the H100's 132 SMs in one wave.
 CLUSTER_MERGE_SPLITS = (2,)
 # Unpaired splits of at most SHORT_SPLIT_BLOCKS blocks (the static length hint) run with these
-# registers per role instead of kernel.REGISTERS[False]. Off until measured.
-SHORT_SPLIT_REGISTERS = None
+# registers per role instead of kernel.REGISTERS[False]: warpgroup 0 then keeps its block loop
+# without spills. H100, 2026-12-07 (benchmarks/mosaic_ab.py, 3 rounds): 16.6 against 17.0 us at
+# 16 x 4 B 32 K 512, 15.4 against 15.6 at 32 heads; for every unpaired split it lost 4% at
+# 64 heads B 128 K 2048 (one split of 32 blocks), which this bound leaves as it was.
+SHORT_SPLIT_REGISTERS = {0: 208, 1: 160, 2: 136}
 SHORT_SPLIT_BLOCKS = 4
-# With one row block of fewer real rows (32 heads: 32 of 64) the split partials hold only the
-# real rows too, so the kernel writes (and the merge reads) no padding. Off until measured.
-PARTIALS_REAL_ROWS = False
 
 
 def _plgpu():
@@ -142,10 +142,11 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # B 32 K 512, 16.4 against 21.0 at 32 heads B 32 K 512.
       # With one row block the output has only the real rows (32 heads: 32 of 64); the kernel
       # writes those, so no XLA copy slices the padding off after it (H100, 2026-12-05: 30.5
-      # against 37.6 us at 32 heads B 128 K 512).
+      # against 37.6 us at 32 heads B 128 K 512). So do the split partials, which the merge
+      # reads by real row anyway: half the bytes written at 32 heads (H100, 2026-12-07: 14.2
+      # against 15.6 us at 32 heads B 32 K 512, the kernel 11.8 against 13.1).
       kernel, out_type=pallas_plan.result_types(
-          num_seqs, results_splits, padded_rows, jnp.bfloat16, real_rows,
-          real_rows if PARTIALS_REAL_ROWS else None),
+          num_seqs, results_splits, padded_rows, jnp.bfloat16, real_rows, real_rows),
       scratch_types=scratch,
       # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
       # kernel's stores are published by commit_smem before the barrier arrival that hands
