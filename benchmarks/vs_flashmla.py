@@ -24,8 +24,10 @@ and JAX each hold their own GPU memory).
 
 Usage (on the GPU machine, from the repository root):
   PYTHONPATH=src FLASHMLA_DIR=.flashmla python benchmarks/vs_flashmla.py
-      [--suite all|flash|others|quick]
+      [--suite all|flash|others|quick | --shape HEADS,TOKENS,BATCH,K ...]
       [--out benchmarks/results/NAME]
+`--shape` (repeatable) times the shapes given instead of a suite: those FlashMLA serves (one
+token, 64 or 128 heads) beside FlashMLA, the rest beside plain XLA.
 Writes NAME.json (every time, TFLOP/s and ratio) and prints the table.
 """
 
@@ -45,7 +47,8 @@ import numpy as np
 from timing import call_loop
 
 POOL, BLOCK, STEPS, ROUNDS = 65536, 64, 30, 3
-HEADS_BATCHES_K = [(h, b, k) for h in (128, 64) for b in (1, 8, 32, 64, 128)
+FLASH_HEADS = (128, 64)
+HEADS_BATCHES_K = [(h, b, k) for h in FLASH_HEADS for b in (1, 8, 32, 64, 128)
                    for k in (512, 1024, 2048)]
 # (heads, tokens_per_seq) FlashMLA does not serve: against plain XLA at batch >= 32.
 OTHER_LAYOUTS = [(16, 4), (32, 1)]
@@ -60,6 +63,25 @@ def shapes(suite):
   others = [(h, t, b, k) for h, t in OTHER_LAYOUTS for b in (32, 64, 128) for k in (512, 2048)]
   # "flash" and "others": the two halves of "all", for a command time limit that "all" exceeds.
   return {"all": (flash, others), "flash": (flash, []), "others": ([], others)}[suite]
+
+
+def parse_shape(text):
+  """'HEADS,TOKENS,BATCH,K' -> (heads, tokens, batch, k), each a positive integer."""
+  try:
+    shape = tuple(int(v) for v in text.split(","))
+  except ValueError:
+    shape = ()
+  if len(shape) != 4 or min(shape) < 1:
+    raise argparse.ArgumentTypeError(
+        f"a shape is HEADS,TOKENS,BATCH,K of positive integers, e.g. 128,1,64,2048; got {text!r}")
+  return shape
+
+
+def given_shapes(shapes_):
+  """(flash, others) of the --shape list, in its order: FlashMLA serves one token of 64 or 128
+  heads (FLASH_HEADS); the rest are timed beside plain XLA."""
+  served = lambda s: s[1] == 1 and s[0] in FLASH_HEADS
+  return [s for s in shapes_ if served(s)], [s for s in shapes_ if not served(s)]
 
 
 def problem(heads, tokens, batch, k):
@@ -249,12 +271,16 @@ def flashmla_importable() -> tuple[bool, str]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--suite", default="all", choices=["all", "flash", "others", "quick"])
+  chosen = parser.add_mutually_exclusive_group()
+  chosen.add_argument("--suite", default="all", choices=["all", "flash", "others", "quick"])
+  chosen.add_argument("--shape", action="append", type=parse_shape, default=None,
+                      metavar="HEADS,TOKENS,BATCH,K",
+                      help="time these shapes instead of the suite's (repeatable)")
   parser.add_argument("--backend", default="pallas")
   parser.add_argument("--out", default=None)
   parser.add_argument("--flashmla-child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  flash_shapes, other_shapes = shapes(args.suite)
+  flash_shapes, other_shapes = given_shapes(args.shape) if args.shape else shapes(args.suite)
 
   if args.flashmla_child:  # the child: FlashMLA only, results as JSON on the last line
     rows = time_flashmla(flash_shapes, args.flashmla_child)
@@ -264,6 +290,7 @@ def main():
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # FlashMLA's torch needs room
   import jax  # pylint: disable=import-outside-toplevel
   meta = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, backend=args.backend,
+              suite="given shapes" if args.shape else args.suite,
               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               steps=STEPS, rounds=ROUNDS, pool=POOL,
               method="GPU busy time per call (profiler trace: union of GPU event intervals), "
@@ -279,9 +306,9 @@ def main():
       flash_dir = os.environ.get("FLASHMLA_DIR")
       paths = [os.path.abspath(flash_dir)] if flash_dir else []
       env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-      child = subprocess.run([sys.executable, __file__, "--suite", args.suite,
-                              "--flashmla-child", pool_dir], env=env, capture_output=True,
-                             text=True, check=False)
+      shape_args = [a for s in flash_shapes for a in ("--shape", ",".join(map(str, s)))]
+      child = subprocess.run([sys.executable, __file__, *shape_args, "--flashmla-child",
+                              pool_dir], env=env, capture_output=True, text=True, check=False)
       sys.stdout.write("\n".join(child.stdout.splitlines()[:-1]) + "\n")
       if child.returncode == 0:
         flash = {(r["heads"], r["batch"], r["k"]): r for r in json.loads(

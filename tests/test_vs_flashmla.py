@@ -1,7 +1,9 @@
 """benchmarks/vs_flashmla.py's suites (its timing needs a GPU and FlashMLA): "flash" and
-"others" split "all" exactly, so a run cut by a time limit can be completed by the other; and
-the README's tables of its runs are the results files they name."""
+"others" split "all" exactly, so a run cut by a time limit can be completed by the other;
+`--shape` lists split the same way; and the README's tables of its runs are the results files
+they name."""
 
+import argparse
 import json
 import pathlib
 import re
@@ -24,6 +26,35 @@ def test_flash_and_others_are_the_two_halves_of_all():
 def test_unknown_suite_is_refused():
   with pytest.raises(KeyError):
     vs_flashmla.shapes("everything")
+
+
+def test_given_shapes_split_as_the_suites_do():
+  """A --shape list goes to FlashMLA where it serves the shape and to plain XLA elsewhere, in
+  the order given: the suite's own shapes split back into its halves (the FlashMLA child gets
+  its shapes this way)."""
+  flash, others = vs_flashmla.shapes("all")
+  assert vs_flashmla.given_shapes(others[::-1] + flash) == (flash, others[::-1])
+  assert vs_flashmla.given_shapes([(32, 1, 32, 512), (128, 2, 8, 512), (64, 1, 1, 64)]) == (
+      [(64, 1, 1, 64)], [(32, 1, 32, 512), (128, 2, 8, 512)])
+
+
+@pytest.mark.parametrize("text", ["128,1,64", "128,1,64,2048,1", "128,1,0,2048", "a,1,2,3",
+                                  "128 1 64 2048", ""])
+def test_malformed_shapes_are_refused(text):
+  with pytest.raises(argparse.ArgumentTypeError, match="HEADS,TOKENS,BATCH,K"):
+    vs_flashmla.parse_shape(text)
+
+
+def test_shape_parses():
+  assert vs_flashmla.parse_shape("16,4,32,512") == (16, 4, 32, 512)
+
+
+def test_shapes_and_a_suite_are_not_both_taken():
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, vs_flashmla.__file__, "--suite", "flash", "--shape",
+                         "128,1,8,512"], capture_output=True, text=True, check=False)
+  assert done.returncode == 2 and "not allowed with argument --suite" in done.stderr
 
 
 def test_the_timed_loop_runs_the_public_decode_with_changing_indices():
