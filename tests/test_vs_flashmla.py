@@ -7,6 +7,8 @@ import argparse
 import json
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -50,8 +52,6 @@ def test_shape_parses():
 
 
 def test_shapes_and_a_suite_are_not_both_taken():
-  import subprocess
-  import sys
   done = subprocess.run([sys.executable, vs_flashmla.__file__, "--suite", "flash", "--shape",
                          "128,1,8,512"], capture_output=True, text=True, check=False)
   assert done.returncode == 2 and "not allowed with argument --suite" in done.stderr

@@ -67,19 +67,17 @@ def sink_rows(sink, tokens_per_seq: int, padded_rows: int):
 
 
 def result_types(num_seqs: int, num_splits: int, padded_rows: int, partials=jnp.float32,
-                 out_rows: int | None = None, partial_rows: int | None = None):
-  """The kernels' outputs: with one split the final bf16 out [B, out_rows, 512] (out_rows:
-  padded_rows unless given) and lse [B, R]; with more the partials [B, S, partial_rows, 512]
-  (of dtype `partials`; partial_rows: R unless given) and their f32 lse [B, S, R], for
-  `pallas.merge` (R: padded_rows)."""
+                 result_rows: int | None = None):
+  """The kernels' outputs: with one split the final bf16 out [B, rows, 512] and lse [B, R];
+  with more the partials [B, S, rows, 512] (of dtype `partials`) and their f32 lse [B, S, R],
+  for `pallas.merge` (R: padded_rows; rows: result_rows, the real rows a kernel writes, else
+  R)."""
+  rows = result_rows or padded_rows
   if num_splits == 1:
-    return (jax.ShapeDtypeStruct((num_seqs, out_rows or padded_rows, layout.HEAD_DIM),
-                                 jnp.bfloat16),
+    return (jax.ShapeDtypeStruct((num_seqs, rows, layout.HEAD_DIM), jnp.bfloat16),
             jax.ShapeDtypeStruct((num_seqs, padded_rows), jnp.float32))
-  return (
-      jax.ShapeDtypeStruct((num_seqs, num_splits, partial_rows or padded_rows,
-                            layout.HEAD_DIM), partials),
-      jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
+  return (jax.ShapeDtypeStruct((num_seqs, num_splits, rows, layout.HEAD_DIM), partials),
+          jax.ShapeDtypeStruct((num_seqs, num_splits, padded_rows), jnp.float32))
 
 
 def float_kv_option(kv_rope, extra) -> dict:

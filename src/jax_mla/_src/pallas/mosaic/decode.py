@@ -146,7 +146,7 @@ def mosaic_decode(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, *, tokens
       # reads by real row anyway: half the bytes written at 32 heads (H100, 2026-12-07: 14.2
       # against 15.6 us at 32 heads B 32 K 512, the kernel 11.8 against 13.1).
       kernel, out_type=pallas_plan.result_types(
-          num_seqs, results_splits, padded_rows, jnp.bfloat16, real_rows, real_rows),
+          num_seqs, results_splits, padded_rows, jnp.bfloat16, real_rows),
       scratch_types=scratch,
       # No warpgroup barriers around each shared-memory store (Pallas puts two there): the
       # kernel's stores are published by commit_smem before the barrier arrival that hands
