@@ -43,11 +43,20 @@ def test_a_package_without_its_extension_says_so_loudly(tmp_path):
   shutil.copytree(package, tmp_path / "jax_mla",
                   ignore=shutil.ignore_patterns("_ext*", "__pycache__"))
   env = dict(child_env(), PYTHONPATH=str(tmp_path))
+  # `python -m jax_mla`, except that an editable install's import hook (setuptools' or
+  # scikit-build-core's, on sys.meta_path ahead of sys.path) is dropped, so that the copy is
+  # what imports there too.
+  run_copy = ("import runpy, sys; "
+              "sys.meta_path[:] = [f for f in sys.meta_path "
+              "if 'editable' not in type(f).__module__]; "
+              "import jax_mla; print('imported from', jax_mla.__file__, file=sys.stderr); "
+              "runpy.run_module('jax_mla', run_name='__main__', alter_sys=True)")
   result = subprocess.run(
-      [sys.executable, "-m", "jax_mla", "demo", "--batch", "2",
+      [sys.executable, "-c", run_copy, "demo", "--batch", "2",
        "--heads", "16", "--max-len", "8", "--pool-rows", "16", "--repeats", "1"],
       capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, env=env)
   assert result.returncode == 0, result.stdout + result.stderr
+  assert f"imported from {tmp_path / 'jax_mla'}" in result.stderr, result.stderr
   assert "backend: auto -> reference" in result.stdout, result.stdout
   assert "non-finite values 0" in result.stdout, result.stdout
   assert "WARNING: the C++ extension is missing" in result.stderr, result.stderr
