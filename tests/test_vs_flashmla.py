@@ -1,7 +1,7 @@
 """benchmarks/vs_flashmla.py's suites (its timing needs a GPU and FlashMLA): "flash" and
 "others" split "all" exactly, so a run cut by a time limit can be completed by the other;
-`--shape` lists split the same way; and the README's tables of its runs are the results files
-they name."""
+`--shape` lists split the same way; and the README's tables of its runs, and benchmarks/README's
+table of every FlashMLA run, are the results files they name."""
 
 import argparse
 import json
@@ -128,3 +128,28 @@ def test_readme_plain_xla_table_is_its_results_file():
     for k, (over, us) in zip((512, 2048), (cells[:2], cells[2:])):
       row = rows[int(heads), int(tokens), int(batch), k]
       assert (over, us) == (f"{row['jax_mla_over_plain']:.2f}", f"{row['jax_mla_us']:.1f}")
+
+
+def test_benchmarks_readme_runs_are_their_results_files():
+  """benchmarks/README.md's table of every FlashMLA run: each row's figures are its file's."""
+  text = (ROOT / "benchmarks" / "README.md").read_text()
+  section = text[text.index("**Where it stands.**"):text.index("**What limits it now.**")]
+  table = re.findall(r"^\| (\d+) \| (H\d00), (\S+) \| `([^`]+)` \| (\d+) \| ([\d.]+) \| "
+                     r"([\d.]+) \((\d+)\) against ([\d.]+) \| (\d+) heads B (\d+) K (\d+): "
+                     r"([\d.]+) \| [^|]+ \|$", section, re.M)
+  files = sorted((ROOT / "benchmarks" / "results").glob("*/vs_flashmla*.json"))
+  flash_runs = [f for f in files if "others" not in f.name]
+  assert len(table) == len(flash_runs) == 12, "a row per run that timed FlashMLA"
+  for run, gpu, date, name, above, geomean, us, tflops, flash_us, *closest in table:
+    data = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+    assert data["meta"]["device"].startswith(f"NVIDIA {gpu}") and data["meta"]["date"][:10] == date
+    assert re.search(rf"run{run}\D", name) or run == "1", (run, name)
+    rows = [r for r in data["rows"] if r.get("flashmla_over_jax_mla")]
+    got_above, got_geomean = vs_flashmla.summary([r["flashmla_over_jax_mla"] for r in rows])
+    assert (len(rows), above, geomean) == (30, str(got_above), f"{got_geomean:.3f}"), run
+    big = next(r for r in rows if (r["heads"], r["batch"], r["k"]) == (128, 128, 2048))
+    assert (us, tflops, flash_us) == (f"{big['jax_mla_us']:.1f}", f"{big['jax_mla_tflops']:.0f}",
+                                      f"{big['flashmla_us']:.1f}"), run
+    low = min(rows, key=lambda r: r["flashmla_over_jax_mla"])
+    assert closest == [str(low["heads"]), str(low["batch"]), str(low["k"]),
+                       f"{low['flashmla_over_jax_mla']:.3f}"], run
