@@ -12,7 +12,8 @@ Contracts (docs/contracts.md): agreement with the float64 oracle; sinks (finite,
 per head); rows without entries (out = 0, lse = sink); padding bytes never read; a NaN in a used
 row makes exactly that sequence NaN; NaN in rows nobody indexes never leaks; one executable for
 every set of lengths; the persistent API equal to decode; layouts a backend does not serve
-refused with the reason. DeepSeek-V4 as served: two KV sources in one call, per-query-token
+refused with the reason; differentiation (the reference's gradient, the kernel backends'
+refusal). DeepSeek-V4 as served: two KV sources in one call, per-query-token
 lists, bf16/f32 Q, unquantized pools and `softmax_scale`, each in the form the backend computes
 it (natively, or as the API adapts it for the backend: `Backend.native`, adapters.py).
 
@@ -338,6 +339,60 @@ def test_layouts_not_served_are_refused_naming_the_alternative(backend):
   with pytest.raises(ValueError, match=r"serves \(num_heads, tokens_per_seq\) in .*got \(24, 1\)"
                                        r".*backend='reference' serves any shape"):
     jax_mla.decode(*batch.args(), backend=backend)
+
+
+# --- differentiation -----------------------------------------------------------------------------
+
+def _attention_grad_oracle(queries, keys, sink, weights, scale):
+  """float64 d(sum(weights * out)) / d(queries) of oracle_attend, from the softmax's derivative:
+  for each row, scale * sum_n p_n (w . k_n - w . out) k_n (the sink a constant)."""
+  out, _ = oracle_attend(queries, keys, sink, scale)
+  grad = np.zeros_like(out)
+  for t, k in enumerate(keys):
+    k = np.asarray(k, np.float64)
+    for h in range(queries.shape[1]):
+      s = queries[t, h] @ k.T * scale
+      e = np.exp(s - max(s.max(initial=-np.inf), sink[h]))
+      p = e / (e.sum() + np.exp(sink[h] - max(s.max(initial=-np.inf), sink[h])))
+      grad[t, h] = scale * (p * (k @ weights[t, h] - out[t, h] @ weights[t, h])) @ k
+  return grad
+
+
+def test_differentiation_is_the_references_only(backend):
+  """The reference is plain JAX: its gradient of sum(w * out) with respect to float Q is the
+  oracle's. The kernel backends refuse a tangent with an error naming them, and still decode
+  inside a differentiated program where no tangent reaches them."""
+  rng = np.random.default_rng(14)
+  batch = make_batch(rng, num_heads=16, lengths=[40, 0, 7], pool_rows=64, sink=0.3)
+  queries = rng.standard_normal((3, 16, 512)).astype(np.float32) * 0.5
+  # bf16 values: the cotangent of the bf16 out enters the backward pass exactly.
+  weights = np.asarray(jnp.asarray(rng.standard_normal((3, 16, 512)), jnp.bfloat16), np.float32)
+  loss = lambda q: jnp.sum(weights * jax_mla.decode(
+      q, None, *batch.args()[2:], backend=backend)[0].astype(jnp.float32))
+  if backend != "reference":
+    with pytest.raises(NotImplementedError, match=rf"backend='{backend}' is forward only"):
+      jax.grad(loss)(queries)
+    workspace = jax_mla.make_workspace(num_partitions=8, max_rows=3)
+    persistent = make_batch(rng, num_heads=128, lengths=[9, 1, 0], pool_rows=64, sink=0.3)
+    with pytest.raises(NotImplementedError, match=rf"backend='{backend}' is forward only"):
+      jax.grad(lambda q: jnp.sum(jax_mla.decode_persistent(
+          q, None, *persistent.args()[2:], workspace, backend=backend)[0].astype(jnp.float32)))(
+              rng.standard_normal((3, 128, 512)).astype(np.float32))
+    # No tangent reaches the decode (its Q stopped): the program differentiates and decodes.
+    grad = jax.grad(lambda x: jnp.sum(x * jax.lax.stop_gradient(loss(jax.lax.stop_gradient(
+        x * queries)))))(np.float32(2.0))
+    want = np.sum(weights * oracle_for(backend, 2 * queries, None, [batch.args()[2:6]],
+                                       batch.sink, 1)[0])
+    assert np.isfinite(grad) and abs(float(grad) - want) <= 5e-3 * abs(want)
+    return
+  grad = np.asarray(jax.grad(loss)(queries))
+  keys = token_keys(dequantize_rows(batch.kv, batch.kv_rope), batch.kv_indptr, batch.kv_indices,
+                    3, 1)
+  want = _attention_grad_oracle(queries.astype(np.float64), keys, batch.sink_array(),
+                                weights.astype(np.float64), KERNEL_SCALE)
+  assert np.isfinite(grad).all()
+  assert not grad[1].any(), "a sequence without entries has no gradient"
+  assert_close("d loss / d q", grad, want, atol=1e-3, rtol=1e-5, cos_tol=1e-9)
 
 
 # --- DeepSeek-V4 as served: two sources, per-token lists, model-precision inputs ------------------

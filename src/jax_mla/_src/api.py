@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mla._src import adapters, backends, checks, index_checks, layout, sources
+from jax_mla._src import (adapters, backends, checks, forward_only, index_checks, layout,
+                          sources)
 from jax_mla._src.sources import KVSource
 
 
@@ -99,9 +100,14 @@ def _run(entry, q, q_rope, given, sink, *, tokens_per_seq, num_kv_splits, return
   options = {}
   if not fold and not adapters.is_kernel_scale(softmax_scale):
     options["softmax_scale"] = float(softmax_scale)
-  call = lambda source, sink, **kw: entry.decode(
-      q, q_rope, *source, sink, tokens_per_seq=tokens_per_seq, num_kv_splits=num_kv_splits,
-      **options, **kw)
+  def call(source, sink, extra=None, **kw):
+    def run(q, q_rope, source, sink, extra):
+      return entry.decode(q, q_rope, *source, sink, tokens_per_seq=tokens_per_seq,
+                          num_kv_splits=num_kv_splits, **options, **kw,
+                          **({} if extra is None else {"extra": extra}))
+    if entry.differentiable:
+      return run(q, q_rope, source, sink, extra)
+    return forward_only.call(entry.name, run, q, q_rope, source, sink, extra)
   if len(given) == 1:
     return call(given[0], sink, return_lse=return_lse)
   if "extra" in native:
@@ -176,7 +182,10 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
   if num_rows == 0:  # nothing to launch
     return (*_empty_results(q, return_lse), workspace)
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
-  return entry.decode_persistent(*args, workspace, return_lse=return_lse)
+  run = lambda *args: entry.decode_persistent(*args, return_lse=return_lse)
+  if entry.differentiable:
+    return run(*args, workspace)
+  return forward_only.call(entry.name, run, *args, workspace)
 
 
 def _empty_results(q, return_lse):

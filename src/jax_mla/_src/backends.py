@@ -66,6 +66,8 @@ class Backend:
   # Whether decode returns an LSE at num_kv_splits=1 (the nm kernel writes none; the host
   # executor, which merges its own splits, does).
   lse_at_one_split: bool = True
+  # Whether jax.grad may run through it (plain JAX); else the API refuses (forward_only.py).
+  differentiable: bool = False
 
   def __post_init__(self):
     unknown = set(self.native) - NATIVE_FEATURES
@@ -102,7 +104,7 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             persistent_layouts=_aiter("persistent_layouts"),
             decode=_entry("jax_mla._src.reference", "decode"),
             decode_persistent=_entry("jax_mla._src.reference", "decode_persistent"),
-            native=NATIVE_FEATURES),
+            native=NATIVE_FEATURES, differentiable=True),
 )}
 # What `backend=` accepts.
 BACKENDS = ("auto", *REGISTRY)
