@@ -1,11 +1,10 @@
 """The kernel backends are forward only: differentiating through one raises an error that says so.
 
-Without this, `jax.grad` through the gfx950 and host backends raised JAX's generic "Differentiation
-rule for 'jax_mla_split_decode' not implemented", and through the Pallas backend a ValueError
-about linearization that names nothing of jax_mla. A `jax.custom_jvp` around the backend's call
-adds nothing to the forward computation (it lowers to the call itself) and its rule runs only
-when a tangent reaches the call: decoding inside a differentiated program, with no derivative
-flowing through the attention, still runs.
+JAX's own errors there name an internal primitive (gfx950, host: "Differentiation rule for
+'jax_mla_split_decode' not implemented") or a failed linearization (Pallas), nothing a user
+passed. A `jax.custom_jvp` around the backend's call adds nothing to the forward computation
+(it lowers to the call itself), and its rule runs only when a tangent reaches the call: a decode
+inside a differentiated program that no derivative flows through still runs.
 """
 
 from __future__ import annotations
