@@ -14,11 +14,18 @@ its index-update loop (what every time is net of). A change to the XLA work arou
 (the merge's form, the split count, the timed loop itself) can be checked here before a GPU
 is lent: how many kernels, of what shape.
 
+The same compile builds the Mosaic kernel itself (Mosaic GPU's pipeline runs inside XLA's compile,
+ptxas included where one is on PATH): `--mosaic-dump DIR` keeps, per shape and variant, its PTX,
+ptxas's report (registers, spills) and its resources in DIR/<shape>_<variant>/ and prints
+ptxas's register line, so a kernel change's register cost is known before a GPU is lent
+(`tools/ptxas_report.py` then splits the spills by warpgroup role).
+
 Needs jax's CUDA plugin at jax's version, without its CUDA libraries (the compile needs none):
   pip install --no-deps jax-cuda13-plugin==VERSION jax-cuda13-pjrt==VERSION
+and for --mosaic-dump's report ptxas (`pip install nvidia-cuda-nvcc`, or CUDA's bin on PATH).
 Usage (from the repository root, any machine):
   PYTHONPATH=src:benchmarks JAX_PLATFORMS=cpu python benchmarks/xla_kernels.py \
-      [--shapes "[[128, 1, 8, 512]]"] [--variant NAME:MODULE.ATTR=VALUE ...]
+      [--shapes "[[128, 1, 8, 512]]"] [--variant NAME:MODULE.ATTR=VALUE ...] [--mosaic-dump DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import glob
 import json
+import os
 import re
 from unittest import mock
 
@@ -138,17 +147,53 @@ def loop_texts(shape, sharding) -> dict:
           for name, f in (("jax_mla", decode), ("index_update", update))}
 
 
+@contextlib.contextmanager
+def mosaic_dump(directory):
+  """Mosaic GPU writes what it compiles meanwhile into `directory` (created; None: nothing):
+  it reads MOSAIC_GPU_DUMP_TO when it lowers a kernel, and prints to stdout where the folder
+  does not exist. It writes every dump it has; the IR after each of its passes (about 100 MB
+  a kernel) is deleted after."""
+  if directory is None:
+    yield
+    return
+  os.makedirs(directory, exist_ok=True)
+  before = os.environ.get("MOSAIC_GPU_DUMP_TO")
+  os.environ["MOSAIC_GPU_DUMP_TO"] = directory
+  try:
+    yield
+  finally:
+    for log in glob.glob(os.path.join(directory, "*.mlir-passes.log")):
+      os.remove(log)
+    if before is None:
+      del os.environ["MOSAIC_GPU_DUMP_TO"]
+    else:
+      os.environ["MOSAIC_GPU_DUMP_TO"] = before
+
+
+def ptxas_lines(directory) -> list:
+  """ptxas's register and spill lines of every kernel dumped into `directory`."""
+  return [f"{os.path.basename(path)}: {line.strip()}"
+          for path in sorted(glob.glob(os.path.join(directory, "*.ptxas")))
+          for line in open(path, encoding="utf-8")
+          if re.search(r"Used \d+ registers|bytes spill stores", line)]
+
+
 def main(argv=None):
   import mosaic_ab  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", type=json.loads, default=DEFAULT_SHAPES)
   parser.add_argument("--variant", action="append", default=[], type=mosaic_ab.parse_variant)
+  parser.add_argument("--mosaic-dump", metavar="DIR",
+                      help="keep each shape's and variant's Mosaic kernel (PTX, ptxas's report, "
+                           "resources) in DIR/<shape>_<variant>/")
   args = parser.parse_args(argv)
   results = []
   with hopper_target() as sharding:
     for shape in args.shapes:
       for name, overrides in [("default", [])] + args.variant:
-        with mosaic_ab.overridden(overrides):
+        label = f"h{shape[0]}x{shape[1]}_b{shape[2]}_k{shape[3]}_{name}"
+        dump = args.mosaic_dump and os.path.join(args.mosaic_dump, label)
+        with mosaic_ab.overridden(overrides), mosaic_dump(dump):
           texts = loop_texts(shape, sharding)
         kernels = {loop: loop_body_launches(text) for loop, text in texts.items()}
         results.append(dict(shape=shape, variant=name, kernels=kernels))
@@ -157,6 +202,10 @@ def main(argv=None):
               f"({len(kernels['index_update'])} of them the index update's)")
         for kernel, what in kernels["jax_mla"]:
           print(f"    {kernel:32s} {what}")
+        if dump:
+          # jax compiles a kernel it has compiled before only once: nothing new to dump then.
+          for line in ptxas_lines(dump) or ["no Mosaic kernel compiled (the same as before)"]:
+            print(f"    ptxas {line}")
   return results
 
 

@@ -1,5 +1,8 @@
 """benchmarks/xla_kernels.py's reading of an optimized HLO module (its compile for a Hopper needs
-jax's CUDA plugin): which instructions of the timed loop's body launch kernels."""
+jax's CUDA plugin): which instructions of the timed loop's body launch kernels; and what its
+--mosaic-dump keeps and prints."""
+
+import os
 
 import pytest
 
@@ -55,3 +58,46 @@ def test_computations_are_split_with_the_entry_named_entry():
 def test_a_module_without_exactly_one_loop_is_refused():
   with pytest.raises(ValueError, match="one while loop"):
     xla_kernels.loop_body_launches(MODULE.replace("body=%body.3", "nobody=%body.3"))
+
+
+# What ptxas wrote for the Mosaic kernel at 16 x 4, B 32, K 512 (xla_kernels.py --mosaic-dump,
+# 2026-12-08), and a second kernel's file beside it.
+PTXAS = """\
+ptxas warning : Registers are spilled to local memory in function 'anonymous_mosaic_gpu_kernel', 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'anonymous_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for anonymous_mosaic_gpu_kernel
+    8 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 8 bytes cumulative stack size, 1 bytes smem
+ptxas info    : Compile time = 1050.626 ms
+"""
+
+
+def test_mosaic_dump_sets_the_folder_while_compiling_and_restores_it(tmp_path, monkeypatch):
+  monkeypatch.setenv("MOSAIC_GPU_DUMP_TO", "/elsewhere")
+  folder = tmp_path / "a" / "b"
+  with xla_kernels.mosaic_dump(str(folder)):
+    assert os.environ["MOSAIC_GPU_DUMP_TO"] == str(folder)
+    assert folder.is_dir()  # Mosaic prints to stdout where it is missing
+    for name in ("anonymous_0.mlir-passes.log", "anonymous_0.ptx", "anonymous_0.ptxas"):
+      (folder / name).write_text("x")
+  assert os.environ["MOSAIC_GPU_DUMP_TO"] == "/elsewhere"
+  assert sorted(p.name for p in folder.iterdir()) == ["anonymous_0.ptx", "anonymous_0.ptxas"]
+  monkeypatch.delenv("MOSAIC_GPU_DUMP_TO")
+  with xla_kernels.mosaic_dump(str(tmp_path / "c")):
+    pass
+  assert "MOSAIC_GPU_DUMP_TO" not in os.environ
+  with xla_kernels.mosaic_dump(None):
+    assert "MOSAIC_GPU_DUMP_TO" not in os.environ
+
+
+def test_ptxas_lines_are_the_register_and_spill_lines_of_each_kernel(tmp_path):
+  (tmp_path / "anonymous_0.ptxas").write_text(PTXAS)
+  (tmp_path / "anonymous_1.ptxas").write_text(PTXAS.replace("168 registers", "152 registers")
+                                              .replace("8 bytes spill", "0 bytes spill"))
+  (tmp_path / "anonymous_0.ptx").write_text("Used 1 registers")  # not a ptxas report
+  lines = xla_kernels.ptxas_lines(str(tmp_path))
+  assert len(lines) == 6 and all(line.startswith("anonymous_") for line in lines)
+  assert "anonymous_0.ptxas: ptxas info    : Used 168 registers" in lines[2]
+  assert "0 bytes spill stores" in lines[4] and "Used 152 registers" in lines[5]
+  assert xla_kernels.ptxas_lines(str(tmp_path / "nothing")) == []

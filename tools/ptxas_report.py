@@ -2,9 +2,11 @@
 whether each `setmaxnreg` survived into the SASS, and where the spills are (the SASS's LDL / STL
 per warpgroup role, split at its USETMAXREG instructions, as benchmarks/ncu_roles.py does).
 
-The PTX comes from a GPU machine (Mosaic GPU writes it there; the CPU machine cannot lower a
-Mosaic kernel to PTX):
-  MOSAIC_GPU_DUMP_TO=DIR MOSAIC_GPU_DUMP_PTX=1 python benchmarks/ncu_decode.py 128 1 128 2048
+The PTX comes from any machine with jax's CUDA plugin, no GPU needed (Mosaic GPU compiles the
+kernel inside XLA's deviceless compile for an sm90 target):
+  python benchmarks/xla_kernels.py --shapes "[[128, 1, 128, 2048]]" --mosaic-dump DIR
+or from a GPU machine:
+  MOSAIC_GPU_DUMP_TO=DIR python benchmarks/ncu_decode.py 128 1 128 2048
 ptxas and nvdisasm come from PyPI, no GPU or CUDA install needed:
   pip install nvidia-cuda-nvcc nvidia-cuda-nvdisasm
 Usage:
