@@ -105,9 +105,7 @@ def _run(entry, q, q_rope, given, sink, *, tokens_per_seq, num_kv_splits, return
       return entry.decode(q, q_rope, *source, sink, tokens_per_seq=tokens_per_seq,
                           num_kv_splits=num_kv_splits, **options, **kw,
                           **({} if extra is None else {"extra": extra}))
-    if entry.differentiable:
-      return run(q, q_rope, source, sink, extra)
-    return forward_only.call(entry.name, run, q, q_rope, source, sink, extra)
+    return forward_only.call(entry, run, q, q_rope, source, sink, extra)
   if len(given) == 1:
     return call(given[0], sink, return_lse=return_lse)
   if "extra" in native:
@@ -183,9 +181,7 @@ def decode_persistent(q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink, works
     return (*_empty_results(q, return_lse), workspace)
   args = [jnp.asarray(a) for a in (q, q_rope, kv, kv_rope, kv_indptr, kv_indices, sink)]
   run = lambda *args: entry.decode_persistent(*args, return_lse=return_lse)
-  if entry.differentiable:
-    return run(*args, workspace)
-  return forward_only.call(entry.name, run, *args, workspace)
+  return forward_only.call(entry, run, *args, workspace)
 
 
 def _empty_results(q, return_lse):

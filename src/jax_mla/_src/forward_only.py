@@ -12,8 +12,12 @@ from __future__ import annotations
 import jax
 
 
-def call(backend: str, fn, *args):
-  """fn(*args), args and results arrays or pytrees of them (None included)."""
+def call(entry, fn, *args):
+  """fn(*args), the call of backend `entry` (a backends.Backend): as it is where the backend is
+  differentiable, else refusing a tangent. args and results: arrays or pytrees of them."""
+  if entry.differentiable:
+    return fn(*args)
+  backend = entry.name
 
   @jax.custom_jvp
   def run(*args):
