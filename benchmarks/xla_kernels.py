@@ -22,7 +22,7 @@ ptxas's register line, so a kernel change's register cost is known before a GPU 
 
 Needs jax's CUDA plugin at jax's version, without its CUDA libraries (the compile needs none):
   pip install --no-deps jax-cuda13-plugin==VERSION jax-cuda13-pjrt==VERSION
-and for --mosaic-dump's report ptxas (`pip install nvidia-cuda-nvcc`, or CUDA's bin on PATH).
+and for --mosaic-dump's report a ptxas on PATH (CUDA's bin; checked with CUDA 13.0's).
 Usage (from the repository root, any machine):
   PYTHONPATH=src:benchmarks JAX_PLATFORMS=cpu python benchmarks/xla_kernels.py \
       [--shapes "[[128, 1, 8, 512]]"] [--variant NAME:MODULE.ATTR=VALUE ...] [--mosaic-dump DIR]
