@@ -345,16 +345,16 @@ def test_layouts_not_served_are_refused_naming_the_alternative(backend):
 
 def _attention_grad_oracle(queries, keys, sink, weights, scale):
   """float64 d(sum(weights * out)) / d(queries) of oracle_attend, from the softmax's derivative:
-  for each row, scale * sum_n p_n (w . k_n - w . out) k_n (the sink a constant)."""
-  out, _ = oracle_attend(queries, keys, sink, scale)
+  for each row, scale * sum_n p_n (w . k_n - w . out) k_n, p_n = exp(s_n - lse) (the sink a
+  constant inside lse)."""
+  out, lse = oracle_attend(queries, keys, sink, scale)
   grad = np.zeros_like(out)
   for t, k in enumerate(keys):
     k = np.asarray(k, np.float64)
-    for h in range(queries.shape[1]):
-      s = queries[t, h] @ k.T * scale
-      e = np.exp(s - max(s.max(initial=-np.inf), sink[h]))
-      p = e / (e.sum() + np.exp(sink[h] - max(s.max(initial=-np.inf), sink[h])))
-      grad[t, h] = scale * (p * (k @ weights[t, h] - out[t, h] @ weights[t, h])) @ k
+    p = np.exp(queries[t] @ k.T * scale - lse[t][:, None])  # [H, K_t]
+    w_dot_k = weights[t] @ k.T  # [H, K_t]
+    w_dot_out = np.sum(weights[t] * out[t], axis=-1, keepdims=True)  # [H, 1]
+    grad[t] = scale * (p * (w_dot_k - w_dot_out)) @ k
   return grad
 
 
