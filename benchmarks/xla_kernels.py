@@ -16,9 +16,9 @@ is lent: how many kernels, of what shape.
 
 The same compile builds the Mosaic kernel itself (Mosaic GPU's pipeline runs inside XLA's compile,
 ptxas included where one is on PATH): `--mosaic-dump DIR` keeps, per shape and variant, its PTX,
-ptxas's report (registers, spills) and its resources in DIR/<shape>_<variant>/ and prints
-ptxas's register line, so a kernel change's register cost is known before a GPU is lent
-(`tools/ptxas_report.py` then splits the spills by warpgroup role).
+ptxas's report (registers, spills) and its resources in DIR/<shape>_<variant>/ and prints its
+registers, spills and ptxas's notes, so a kernel change's register cost is known before a GPU
+is lent (`tools/ptxas_report.py` then splits the spills by warpgroup role).
 
 Needs jax's CUDA plugin at jax's version, without its CUDA libraries (the compile needs none):
   pip install --no-deps jax-cuda13-plugin==VERSION jax-cuda13-pjrt==VERSION
@@ -37,6 +37,7 @@ import glob
 import json
 import os
 import re
+import sys
 from unittest import mock
 
 DEFAULT_SHAPES = [[128, 1, 1, 512], [128, 1, 8, 512], [128, 1, 32, 512], [64, 1, 8, 1024],
@@ -171,11 +172,18 @@ def mosaic_dump(directory):
 
 
 def ptxas_lines(directory) -> list:
-  """ptxas's register and spill lines of every kernel dumped into `directory`."""
-  return [f"{os.path.basename(path)}: {line.strip()}"
-          for path in sorted(glob.glob(os.path.join(directory, "*.ptxas")))
-          for line in open(path, encoding="utf-8")
-          if re.search(r"Used \d+ registers|bytes spill stores", line)]
+  """A line per kernel dumped into `directory`: its registers, spills and ptxas's notes, as
+  tools/ptxas_report.py reads a ptxas report."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+  from ptxas_report import parse_ptxas  # pylint: disable=import-outside-toplevel
+  lines = []
+  for path in sorted(glob.glob(os.path.join(directory, "*.ptxas"))):
+    with open(path, encoding="utf-8") as f:
+      report = parse_ptxas(f.read())
+    lines.append(f"{os.path.basename(path)}: {report.registers} registers, spills "
+                 f"{report.spill_stores} B stored / {report.spill_loads} B loaded" +
+                 "".join(f"; {note}" for note in report.notes + report.fatal))
+  return lines
 
 
 def main(argv=None):
